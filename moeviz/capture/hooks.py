@@ -1,0 +1,90 @@
+"""Thread-aware hooks on routers and experts, installed only while a capture runs.
+
+One loaded model serves many app sessions, so several threads may capture on the same modules at once.
+Hooks are reference-counted per model (installed by the first active capture, removed by the last) and
+each hook writes to the recorder of the thread that is running the forward, so captures never mix.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from moeviz.models.sites import MoESite
+
+_active = threading.local()
+
+
+@dataclass
+class Recorder:
+    """What one capture's hooks saw: per site, router outputs and experts-module arguments, in call order."""
+
+    router_outputs: list[list[Any]]
+    expert_args: list[list[Sequence[Any]]]
+
+    @classmethod
+    def for_sites(cls, n_sites: int) -> Recorder:
+        return cls([[] for _ in range(n_sites)], [[] for _ in range(n_sites)])
+
+
+@dataclass
+class _HookSet:
+    users: int = 0
+    handles: list[Any] = field(default_factory=list)
+
+
+_registry: dict[int, _HookSet] = {}
+_registry_lock = threading.Lock()
+
+
+def _router_hook(index: int):
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        recorder = getattr(_active, "recorder", None)
+        if recorder is not None:
+            recorder.router_outputs[index].append(output)
+
+    return hook
+
+
+def _experts_hook(index: int):
+    def hook(module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        recorder = getattr(_active, "recorder", None)
+        if recorder is not None:
+            recorder.expert_args[index].append(args)
+
+    return hook
+
+
+@contextmanager
+def recording(model: nn.Module, sites: list[MoESite]) -> Iterator[Recorder]:
+    """Record routing on this thread for the duration of the block; hooks are gone afterwards."""
+    recorder = Recorder.for_sites(len(sites))
+    key = id(model)
+    with _registry_lock:
+        hooks = _registry.setdefault(key, _HookSet())
+        if hooks.users == 0:
+            for index, site in enumerate(sites):
+                hooks.handles.append(site.router.register_forward_hook(_router_hook(index)))
+                if site.experts is not None and site.needs_expert_args:
+                    hooks.handles.append(
+                        site.experts.register_forward_pre_hook(_experts_hook(index), with_kwargs=True)
+                    )
+        hooks.users += 1
+    previous = getattr(_active, "recorder", None)
+    _active.recorder = recorder
+    try:
+        yield recorder
+    finally:
+        _active.recorder = previous
+        with _registry_lock:
+            hooks.users -= 1
+            if hooks.users == 0:
+                for handle in hooks.handles:
+                    handle.remove()
+                hooks.handles.clear()
+                _registry.pop(key, None)

@@ -1,0 +1,364 @@
+"""Capture the routing a model actually used, over one forward or a `generate()` call."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from moeviz.capture.hooks import Recorder, recording
+from moeviz.errors import CaptureError, InputError, PromptTooLongError
+from moeviz.models.decoding import (
+    DECODERS,
+    expert_args_look_like_decision,
+    from_expert_args,
+    from_router_tuple,
+    recompute_softmax_topk,
+)
+from moeviz.models.loading import LoadedModel
+from moeviz.models.sites import MoESite
+from moeviz.scoring import scores_from_logits, selection_scores
+from moeviz.trace import TOKEN_COLUMNS, LayerRouting, ModelInfo, Trace
+
+
+@dataclass
+class _Stream:
+    """One token stream of a batch: ids [B, L], which cells are real tokens, and how router calls map to it.
+
+    `calls` lists, per router call in order, the columns of `ids` that call saw (flattened row-major, as
+    the model flattens [B, S, H] to [B·S, H]).
+    """
+
+    name: str
+    ids: np.ndarray  # [B, L]
+    valid: np.ndarray  # [B, L] bool
+    positions: np.ndarray  # [B, L] position within the sequence, padding excluded
+    phase: np.ndarray  # [B, L] "prompt" | "generated"
+    step: np.ndarray  # [B, L] generation step whose forward routed the token
+    calls: list[slice]
+
+
+def capture(
+    loaded: LoadedModel,
+    texts: str | Sequence[str] | None = None,
+    *,
+    token_ids: Sequence[Sequence[int]] | Sequence[int] | None = None,
+    generate: int = 0,
+) -> Trace:
+    """Run the model once on a batch (or `generate` new tokens) and return the routing it used.
+
+    Give `texts` (needs a tokenizer) or `token_ids` (one list per sequence). Padding is masked out. With
+    `generate > 0`, greedy decoding runs for up to that many tokens; the prompt's routing comes from the
+    prefill forward (step 0), each generated token's from the step that fed it back.
+    """
+    batch = _token_batch(loaded, texts, token_ids)
+    _check_lengths(loaded, batch, generate)
+    if generate < 0:
+        raise InputError(f"generate must be >= 0, got {generate}")
+    model = loaded.model
+    with recording(model, loaded.sites) as recorder, torch.inference_mode():
+        streams = _run(loaded, batch, generate)
+    tokens, row_grids = _token_table(loaded, streams)
+    layers = [_decode_site(site, i, recorder, streams, row_grids) for i, site in enumerate(loaded.sites)]
+    info = ModelInfo(**{**loaded.info.__dict__, "notes": list(loaded.info.notes)})
+    for layer in layers:
+        if layer.decision_source == "recomputed":
+            info.notes.append(
+                f"layer {layer.layer} ({layer.site}): routing recomputed as softmax top-{layer.k} from the "
+                "router logits; the model's own dispatch could not be observed"
+            )
+    return Trace(model=info, tokens=tokens, layers=layers)
+
+
+# ---- input ----------------------------------------------------------------------------------------------
+def _token_batch(loaded: LoadedModel, texts, token_ids) -> list[list[int]]:
+    if (texts is None) == (token_ids is None):
+        raise InputError("give exactly one of texts or token_ids")
+    if texts is not None:
+        if loaded.tokenizer is None:
+            raise InputError(f"{loaded.info.source} ships no tokenizer: pass token_ids instead of text")
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if not texts or any(not t for t in texts):
+            raise InputError("empty text: give at least one non-empty text")
+        batch = [list(loaded.tokenizer(t)["input_ids"]) for t in texts]
+    else:
+        batch = [list(token_ids)] if token_ids and isinstance(token_ids[0], (int, np.integer)) else token_ids
+        batch = [[int(i) for i in seq] for seq in batch]
+    if not batch or any(len(seq) == 0 for seq in batch):
+        raise InputError("empty input: every sequence needs at least one token")
+    vocab = int(loaded.model.config.get_text_config().vocab_size)
+    bad = sorted({i for seq in batch for i in seq if not 0 <= i < vocab})
+    if bad:
+        raise InputError(f"token ids out of range [0, {vocab}): {bad[:10]}")
+    return batch
+
+
+def _check_lengths(loaded: LoadedModel, batch: list[list[int]], generate: int) -> None:
+    limit = loaded.max_length
+    longest = max(len(seq) for seq in batch) + max(generate, 0)
+    if limit is not None and longest > limit:
+        raise PromptTooLongError(
+            f"input of {longest} tokens (prompt + generated) exceeds the model's context length of {limit}"
+        )
+
+
+def _pad(batch: list[list[int]], pad_id: int, left: bool) -> tuple[np.ndarray, np.ndarray]:
+    width = max(len(seq) for seq in batch)
+    ids = np.full((len(batch), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(batch), width), dtype=bool)
+    for b, seq in enumerate(batch):
+        cols = slice(width - len(seq), width) if left else slice(0, len(seq))
+        ids[b, cols] = seq
+        mask[b, cols] = True
+    return ids, mask
+
+
+def _pad_id(config) -> int:
+    for value in (getattr(config, "pad_token_id", None), getattr(config, "eos_token_id", None)):
+        if isinstance(value, (list, tuple)):
+            value = value[0] if value else None
+        if isinstance(value, int):
+            return value
+    return 0
+
+
+def _eos_ids(config) -> set[int]:
+    value = getattr(config, "eos_token_id", None)
+    if isinstance(value, int):
+        return {value}
+    return set(value or [])
+
+
+# ---- running the model ----------------------------------------------------------------------------------
+def _run(loaded: LoadedModel, batch: list[list[int]], generate: int) -> dict[str, _Stream]:
+    config = loaded.model.config.get_text_config() if not loaded.is_encoder_decoder else loaded.model.config
+    pad_id = _pad_id(config)
+    left = generate > 0 and not loaded.is_encoder_decoder  # decoder-only generation needs left padding
+    ids, mask = _pad(batch, pad_id, left)
+    input_ids, attention = torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64))
+    width = ids.shape[1]
+    if generate == 0:
+        if loaded.is_encoder_decoder:
+            dec_ids, dec_mask = _shift_right(ids, mask, _decoder_start(loaded.model.config), pad_id)
+            loaded.model(
+                input_ids=input_ids,
+                attention_mask=attention,
+                decoder_input_ids=torch.from_numpy(dec_ids),
+                decoder_attention_mask=torch.from_numpy(dec_mask.astype(np.int64)),
+            )
+            return {
+                "input": _stream("input", ids, mask, [slice(0, width)]),
+                "decoder": _stream("decoder", dec_ids, dec_mask, [slice(0, dec_ids.shape[1])]),
+            }
+        loaded.model(input_ids=input_ids, attention_mask=attention)
+        return {"input": _stream("input", ids, mask, [slice(0, width)])}
+    out = loaded.model.generate(
+        input_ids=input_ids,
+        attention_mask=attention,
+        max_new_tokens=generate,
+        do_sample=False,
+        num_beams=1,
+        pad_token_id=pad_id,
+    )
+    sequences = out.numpy()
+    eos = _eos_ids(config)
+    if loaded.is_encoder_decoder:
+        n_new = sequences.shape[1] - 1
+        gen_valid = _alive(sequences[:, 1:], eos)
+        dec_valid = np.concatenate([np.ones((len(batch), 1), bool), gen_valid], axis=1)
+        decoder = _stream("decoder", sequences, dec_valid, [slice(s, s + 1) for s in range(n_new)])
+        decoder.phase[:, 1:] = "generated"
+        decoder.step[:] = np.arange(sequences.shape[1])[None, :]
+        return {"input": _stream("input", ids, mask, [slice(0, width)]), "decoder": decoder}
+    n_new = sequences.shape[1] - width
+    full_valid = np.concatenate([mask, _alive(sequences[:, width:], eos)], axis=1)
+    calls = [slice(0, width)] + [slice(width + s - 1, width + s) for s in range(1, n_new)]
+    stream = _stream("input", sequences, full_valid, calls)
+    stream.phase[:, width:] = "generated"
+    stream.step[:, width:] = np.arange(1, n_new + 1)[None, :]
+    return {"input": stream}
+
+
+def _alive(generated: np.ndarray, eos: set[int]) -> np.ndarray:
+    """[B, G] bool: a generated token is real up to and including its sequence's first EOS."""
+    is_eos = np.isin(generated, list(eos)) if eos else np.zeros_like(generated, dtype=bool)
+    ended_before = np.cumsum(is_eos, axis=1) - is_eos
+    return ended_before == 0
+
+
+def _shift_right(ids: np.ndarray, mask: np.ndarray, start: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Teacher-forced decoder input: the start token followed by the text, one position late, as long as
+    the text (right padding, so each sequence keeps its own length)."""
+    dec_ids = np.full_like(ids, pad_id)
+    dec_ids[:, 0] = start
+    dec_ids[:, 1:] = ids[:, :-1]
+    dec_mask = mask.copy()
+    dec_ids[~dec_mask] = pad_id
+    return dec_ids, dec_mask
+
+
+def _decoder_start(config) -> int:
+    value = getattr(config, "decoder_start_token_id", None)
+    return int(value) if value is not None else _pad_id(config)
+
+
+def _stream(name: str, ids: np.ndarray, valid: np.ndarray, calls: list[slice]) -> _Stream:
+    positions = np.cumsum(valid, axis=1) - 1
+    return _Stream(
+        name=name,
+        ids=ids,
+        valid=valid,
+        positions=positions,
+        phase=np.full(ids.shape, "prompt", dtype=object),
+        step=np.zeros(ids.shape, dtype=np.int64),
+        calls=calls,
+    )
+
+
+# ---- tokens ---------------------------------------------------------------------------------------------
+def _token_table(
+    loaded: LoadedModel, streams: dict[str, _Stream]
+) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+    """Token table (valid cells of every stream) and, per stream, a [B, L] grid of table rows (-1 = none)."""
+    columns: dict[str, list[np.ndarray]] = {c: [] for c in TOKEN_COLUMNS}
+    grids, offset = {}, 0
+    for stream in streams.values():
+        b_idx, cols = np.nonzero(stream.valid)
+        grid = np.full(stream.ids.shape, -1, dtype=np.int64)
+        grid[b_idx, cols] = offset + np.arange(len(b_idx))
+        grids[stream.name] = grid
+        offset += len(b_idx)
+        columns["seq"].append(b_idx.astype(np.int64))
+        columns["pos"].append(stream.positions[b_idx, cols].astype(np.int64))
+        columns["stream"].append(np.full(len(b_idx), stream.name, dtype=object))
+        columns["token_id"].append(stream.ids[b_idx, cols])
+        columns["phase"].append(stream.phase[b_idx, cols])
+        columns["step"].append(stream.step[b_idx, cols])
+    table = {name: np.concatenate(parts) for name, parts in columns.items() if name != "token"}
+    table["token"] = _token_strings(loaded, table["token_id"])
+    return pd.DataFrame({name: table[name] for name in TOKEN_COLUMNS}), grids
+
+
+def _token_strings(loaded: LoadedModel, ids: np.ndarray) -> np.ndarray:
+    unique, inverse = np.unique(ids, return_inverse=True)
+    return np.asarray(loaded.token_texts(unique.tolist()), dtype=object)[inverse]
+
+
+# ---- decoding -------------------------------------------------------------------------------------------
+def _decode_site(
+    site: MoESite,
+    index: int,
+    recorder: Recorder,
+    streams: dict[str, _Stream],
+    row_grids: dict[str, np.ndarray],
+) -> LayerRouting:
+    outputs, args = recorder.router_outputs[index], recorder.expert_args[index]
+    stream = streams[site.stream]
+    if not outputs:
+        raise CaptureError(
+            f"the router hook of layer {site.layer} ({site.name}) did not fire: something replaced the "
+            "forward "
+            "(e.g. use_kernels=True or a compiled kernel); moeviz cannot see this model's routing"
+        )
+    if len(outputs) != len(stream.calls):
+        raise CaptureError(
+            f"layer {site.layer} ({site.name}): router ran {len(outputs)} times, expected {len(stream.calls)}"
+        )
+    if site.decoder != "auto" and site.needs_expert_args and len(args) != len(outputs):
+        raise CaptureError(
+            f"layer {site.layer} ({site.name}): the experts hook fired {len(args)} times for {len(outputs)} "
+            "router calls; the dispatch could not be observed"
+        )
+    grid = row_grids[site.stream]
+    logits_parts, expert_parts, weight_parts, row_parts = [], [], [], []
+    source = "dispatch" if site.needs_expert_args else "router_output"
+    for call, (cols, output) in enumerate(zip(stream.calls, outputs, strict=True)):
+        logits = _logits(site, output)
+        call_args = args[call] if call < len(args) else ()
+        experts, weights, source = _decision(site, output, call_args, logits)
+        rows = grid[:, cols].reshape(-1)
+        if len(rows) != logits.shape[0]:
+            raise CaptureError(
+                f"layer {site.layer} ({site.name}): router saw {logits.shape[0]} tokens, expected {len(rows)}"
+            )
+        keep = rows >= 0
+        logits_parts.append(logits[keep])
+        expert_parts.append(experts[keep])
+        weight_parts.append(weights[keep])
+        row_parts.append(rows[keep])
+    logits = np.concatenate(logits_parts)
+    bias = None if site.bias is None else site.bias.detach().float().reshape(-1).cpu().numpy()
+    score_fn = (
+        site.score_fn if site.decoder != "auto" else _infer_score_fn(logits, expert_parts, weight_parts)
+    )
+    scores = scores_from_logits(logits, score_fn)
+    return LayerRouting(
+        layer=site.layer,
+        site=site.site,
+        token_rows=np.concatenate(row_parts),
+        logits=logits,
+        scores=scores,
+        selection_scores=selection_scores(scores, bias),
+        experts=np.concatenate(expert_parts),
+        weights=np.concatenate(weight_parts),
+        score_fn=score_fn,
+        bias=bias,
+        decision_source=source,
+        top_k=site.top_k,
+        capacity=site.capacity,
+        shared_experts=site.shared_experts,
+        module=site.name,
+    )
+
+
+def _logits(site: MoESite, output) -> np.ndarray:
+    """Raw router logits [N, E] as fp32 numpy."""
+    if site.logits_index is not None and isinstance(output, (tuple, list)):
+        tensor = output[site.logits_index]
+    elif torch.is_tensor(output):
+        tensor = output
+    else:
+        candidates = [t for t in output if torch.is_tensor(t) and t.is_floating_point() and t.dim() >= 2]
+        tensor = next((t for t in candidates if t.shape[-1] == site.num_experts), None)
+        if tensor is None:
+            raise CaptureError(
+                f"layer {site.layer} ({site.name}): no [N, {site.num_experts}] logits in router output"
+            )
+    return tensor.detach().float().reshape(-1, tensor.shape[-1]).cpu().numpy()
+
+
+def _decision(site: MoESite, output, args, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
+    if site.decoder != "auto":
+        experts, weights = DECODERS[site.decoder](output, args)
+        source = "dispatch" if site.needs_expert_args else "router_output"
+    elif expert_args_look_like_decision(args):
+        (experts, weights), source = from_expert_args(output, args), "dispatch"
+    else:
+        try:
+            (experts, weights), source = from_router_tuple(output, args), "router_output"
+        except ValueError:
+            decode = recompute_softmax_topk(site.top_k or 2)
+            (experts, weights), source = decode(torch.from_numpy(logits)), "recomputed"
+    return experts.cpu().numpy(), weights.detach().float().cpu().numpy(), source
+
+
+def _infer_score_fn(logits: np.ndarray, experts: list[np.ndarray], weights: list[np.ndarray]) -> str:
+    """For two kept experts, w_i/w_j = exp(l_i - l_j) under softmax and σ(l_i)/σ(l_j) under sigmoid,
+    whatever renormalisation or scaling follows. Pick the rule that explains the observed weights."""
+    experts_all, weights_all = np.concatenate(experts), np.concatenate(weights)
+    if experts_all.shape[1] < 2:
+        return "softmax"
+    ok = (experts_all[:, :2] >= 0).all(axis=1) & (weights_all[:, 1] > 0)
+    if not ok.any():
+        return "softmax"
+    rows = np.nonzero(ok)[0]
+    l0, l1 = logits[rows, experts_all[rows, 0]], logits[rows, experts_all[rows, 1]]
+    observed = np.log(weights_all[rows, 0]) - np.log(weights_all[rows, 1])
+    softmax_err = np.abs(observed - (l0 - l1)).mean()
+    sigmoid_err = np.abs(
+        observed - (np.log(scores_from_logits(l0, "sigmoid")) - np.log(scores_from_logits(l1, "sigmoid")))
+    ).mean()
+    return "sigmoid" if sigmoid_err < softmax_err else "softmax"

@@ -1,0 +1,150 @@
+"""The `moeviz` command: capture routing from the shell, and start the app.
+
+Exit codes: 0 success, 2 bad flags or bad input (nothing written), 1 unexpected failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from moeviz.errors import InputError, MoevizError
+
+EXIT_BAD_INPUT = 2
+APP_SCRIPT = Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="moeviz", description="A microscope for Mixture-of-Experts models.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    cap = commands.add_parser("capture", help="run a model on an input and write its routing table (Parquet)")
+    cap.add_argument("--model", required=True, help="local Hugging Face folder or sample:NAME")
+    source = cap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", help="input text")
+    source.add_argument("--text-file", type=Path, help="file whose text is the input")
+    source.add_argument("--token-ids", help="comma-separated token ids, for models without a tokenizer")
+    cap.add_argument("--out", required=True, type=Path, help="output .parquet file")
+    cap.add_argument("--generate", type=int, default=0, metavar="N", help="also generate N tokens (greedy)")
+    cap.add_argument(
+        "--trust-remote-code", action="store_true", help="run modelling code shipped in the folder"
+    )
+
+    app = commands.add_parser(
+        "app", help="start the Streamlit app; extra arguments go to `streamlit run` (e.g. --server.port 8502)"
+    )
+    app.add_argument("streamlit_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["app"] and not {"-h", "--help"} & set(argv[1:2]):
+        return run_app(argv[1:])  # everything after `app` belongs to Streamlit, flags included
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "capture":
+            return run_capture(args)
+        return run_app(args.streamlit_args)
+    except MoevizError as exc:
+        print(f"moeviz: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def run_capture(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    inputs = _capture_inputs(args)
+    out = _checked_output(args.out)
+    if args.generate < 0:
+        raise InputError(f"--generate must be >= 0, got {args.generate}")
+    with tqdm(total=3, desc="moeviz capture", unit="step", file=sys.stderr, leave=False) as bar:
+        from transformers.utils import logging as hf_logging
+
+        import moeviz
+
+        hf_logging.disable_progress_bar()  # one progress bar: ours
+        from moeviz.analysis import layer_summary_frame
+
+        bar.set_postfix_str("loading model")
+        loaded = moeviz.load_model(args.model, trust_remote_code=args.trust_remote_code)
+        bar.update()
+        bar.set_postfix_str("running forward" if not args.generate else f"generating {args.generate} tokens")
+        trace = moeviz.capture(loaded, generate=args.generate, **inputs)
+        bar.update()
+        bar.set_postfix_str("writing parquet")
+        trace.to_parquet(out)
+        bar.update()
+    print(format_summary(trace, layer_summary_frame(trace), out))
+    return 0
+
+
+def _capture_inputs(args: argparse.Namespace) -> dict:
+    if args.text is not None:
+        if not args.text.strip():
+            raise InputError("--text is empty")
+        return {"texts": args.text}
+    if args.text_file is not None:
+        path: Path = args.text_file
+        if not path.is_file():
+            raise InputError(f"--text-file {path} does not exist")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"--text-file {path} is not UTF-8 text: {exc}") from exc
+        if not text.strip():
+            raise InputError(f"--text-file {path} is empty")
+        return {"texts": text}
+    try:
+        ids = [int(part) for part in args.token_ids.split(",") if part.strip()]
+    except ValueError as exc:
+        raise InputError(f"--token-ids must be comma-separated integers, got {args.token_ids!r}") from exc
+    if not ids:
+        raise InputError("--token-ids is empty")
+    return {"token_ids": [ids]}
+
+
+def _checked_output(out: Path) -> Path:
+    if out.suffix != ".parquet":
+        raise InputError(f"--out must name a .parquet file, got {out}")
+    parent = out.expanduser().resolve().parent
+    if not parent.is_dir():
+        raise InputError(f"--out: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise InputError(f"--out: folder {parent} is not writable")
+    return out
+
+
+def format_summary(trace, summary, out: Path) -> str:
+    """One screen: the model, then per MoE layer tokens, load entropy, max share and dead experts."""
+    lines = [
+        f"{trace.model.source} ({trace.model.architecture}): {len(trace.tokens)} tokens, "
+        f"{len(trace.layers)} MoE layers -> {out}",
+        f"{'layer':>5} {'site':<9} {'tokens':>7} {'experts':>7} {'k':>2} {'load_entropy':>12} "
+        f"{'max_share':>9} {'dead':>4} {'dropped':>7}",
+    ]
+    for row in summary.itertuples():
+        lines.append(
+            f"{row.layer:>5} {row.site:<9} {row.tokens:>7} {row.experts:>7} {row.top_k:>2} "
+            f"{row.load_entropy:>12.3f} {row.max_share:>9.3f} {row.dead_experts:>4} {row.dropped:>7}"
+        )
+    lines.extend(f"note: {note}" for note in trace.model.notes)
+    return "\n".join(lines)
+
+
+def run_app(streamlit_args: Sequence[str]) -> int:
+    """Replace this process with `streamlit run app/streamlit_app.py ...` (Streamlit's env config applies)."""
+    extra = list(streamlit_args)
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    argv = [sys.executable, "-m", "streamlit", "run", str(APP_SCRIPT), *extra]
+    os.execv(sys.executable, argv)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

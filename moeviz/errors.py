@@ -1,0 +1,49 @@
+"""Errors moeviz raises for bad input. Each names what was wrong and what to do about it."""
+
+
+class MoevizError(Exception):
+    """Base class: every error a user can cause by bad input."""
+
+
+class ModelSourceError(MoevizError):
+    """The model source could not be opened as an MoE model."""
+
+
+class ModelNotFoundError(ModelSourceError):
+    pass
+
+
+class NotAModelFolderError(ModelSourceError):
+    pass
+
+
+class UnknownSampleError(ModelSourceError):
+    pass
+
+
+class NotMoEModelError(ModelSourceError):
+    pass
+
+
+class CorruptWeightsError(ModelSourceError):
+    pass
+
+
+class UnsafeWeightsError(ModelSourceError):
+    pass
+
+
+class InputError(MoevizError):
+    """The text or token ids given for a capture are unusable."""
+
+
+class PromptTooLongError(InputError):
+    pass
+
+
+class CaptureError(MoevizError):
+    """Hooks did not see what the model computed (e.g. a kernel replaced the forward)."""
+
+
+class TraceFormatError(MoevizError):
+    """A file is not a moeviz trace, or was written by an incompatible version."""

@@ -1,0 +1,263 @@
+"""Open an MoE model from a local Hugging Face folder or a bundled sample, offline and safely."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from moeviz.errors import (
+    CorruptWeightsError,
+    ModelNotFoundError,
+    ModelSourceError,
+    NotAModelFolderError,
+    NotMoEModelError,
+    UnknownSampleError,
+    UnsafeWeightsError,
+)
+from moeviz.models.sites import MoESite, find_moe_sites
+from moeviz.trace import ModelInfo
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+SAMPLE_PREFIX = "sample:"
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "tokenizer.model",
+    "spiece.model",
+)
+
+
+def sample_models_dir() -> Path:
+    """Where bundled sample models live (`MOEVIZ_SAMPLE_MODELS` overrides, e.g. for a read-only install)."""
+    override = os.environ.get("MOEVIZ_SAMPLE_MODELS")
+    return Path(override) if override else Path(__file__).resolve().parents[2] / "sample_models"
+
+
+def list_samples() -> list[str]:
+    root = sample_models_dir()
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if (p / "config.json").is_file())
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for capture: the module, its tokenizer (if it ships one) and its MoE layers."""
+
+    model: nn.Module
+    tokenizer: Any | None
+    sites: list[MoESite]
+    info: ModelInfo
+    folder: Path
+    max_length: int | None
+
+    _token_text_cache: dict[int, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return bool(getattr(self.model.config, "is_encoder_decoder", False))
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """Each id decoded on its own (what a token strip shows); cached, as captures repeat tokens."""
+        cache = self._token_text_cache
+        missing = [i for i in ids if i not in cache]
+        if missing:
+            if self.tokenizer is None:
+                texts = [f"⟨{i}⟩" for i in missing]
+            else:
+                backend = getattr(self.tokenizer, "backend_tokenizer", None)
+                singles = [[i] for i in missing]
+                texts = (
+                    backend.decode_batch(singles, skip_special_tokens=False)
+                    if backend is not None
+                    else self.tokenizer.batch_decode(singles, clean_up_tokenization_spaces=False)
+                )
+            cache.update(zip(missing, texts, strict=True))  # dict updates are atomic under the GIL
+        return [cache[i] for i in ids]
+
+
+def resolve_source(source: str | Path) -> Path:
+    """Map `sample:NAME` or a path to a model folder, with a specific error for each way it can fail."""
+    text = str(source)
+    if text.startswith(SAMPLE_PREFIX):
+        name = text[len(SAMPLE_PREFIX) :]
+        available = list_samples()
+        if name not in available:
+            listing = ", ".join(available) or "none are installed"
+            raise UnknownSampleError(f"unknown sample model {name!r}; available samples: {listing}")
+        return sample_models_dir() / name
+    folder = Path(text).expanduser()
+    if not folder.exists():
+        raise ModelNotFoundError(
+            f"model folder {folder} does not exist (models load from local folders only)"
+        )
+    if not folder.is_dir():
+        raise NotAModelFolderError(
+            f"{folder} is a file; give the folder that holds config.json and the weights"
+        )
+    if not (folder / "config.json").is_file():
+        raise NotAModelFolderError(f"{folder} is not a Hugging Face model folder: it has no config.json")
+    return folder
+
+
+def load_model(
+    source: str | Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    """Load an MoE model for capture.
+
+    `source` is a local Hugging Face folder (config.json + safetensors, tokenizer optional) or
+    `sample:NAME` for a folder under `sample_models/`. Nothing is downloaded. Pickled weights are refused
+    unless they load with `torch.load(weights_only=True)`. Remote code runs only with `trust_remote_code`.
+    """
+    folder = resolve_source(source)
+    config = _load_config(folder, trust_remote_code)
+    auto_class = _auto_class(config)
+    with torch.device("meta"):  # find the MoE layers without allocating weights
+        skeleton = auto_class.from_config(config, trust_remote_code=trust_remote_code)
+    if not find_moe_sites(skeleton):
+        raise NotMoEModelError(
+            f"{folder} holds a dense model ({type(skeleton).__name__}, model_type {config.model_type!r}): "
+            "no MoE layer (router + experts) was found"
+        )
+    del skeleton
+    use_safetensors = _check_weight_files(folder)
+    try:
+        model, loading_info = auto_class.from_pretrained(
+            folder,
+            dtype=dtype,
+            local_files_only=True,
+            trust_remote_code=trust_remote_code,
+            use_safetensors=use_safetensors,
+            output_loading_info=True,
+        )
+    except (OSError, ValueError, RuntimeError, KeyError, struct.error) as exc:
+        raise CorruptWeightsError(f"could not read the weights in {folder}: {exc}") from exc
+    missing = [k for k in loading_info.get("missing_keys", []) if k]
+    if missing:
+        shown = ", ".join(sorted(missing)[:5])
+        raise CorruptWeightsError(
+            f"weights in {folder} are incomplete: {len(missing)} tensors missing ({shown}…)"
+        )
+    model.eval()
+    sites = find_moe_sites(model)
+    return LoadedModel(
+        model=model,
+        tokenizer=_load_tokenizer(folder, trust_remote_code),
+        sites=sites,
+        info=ModelInfo(
+            source=str(source),
+            model_type=str(config.model_type),
+            architecture=type(model).__name__,
+            num_layers=_num_layers(config),
+            num_parameters=sum(p.numel() for p in model.parameters()),
+            dtype=str(dtype).removeprefix("torch."),
+        ),
+        folder=folder,
+        max_length=_max_length(config),
+    )
+
+
+def _load_config(folder: Path, trust_remote_code: bool):
+    from transformers import AutoConfig
+
+    try:
+        json.loads((folder / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise NotAModelFolderError(f"{folder}/config.json is not valid JSON: {exc}") from exc
+    try:
+        return AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
+    except ValueError as exc:
+        hint = (
+            ""
+            if trust_remote_code
+            else " If the folder ships its own modelling code, pass trust_remote_code."
+        )
+        raise ModelSourceError(f"transformers cannot build the model in {folder}: {exc}.{hint}") from exc
+
+
+def _auto_class(config):
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    return AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
+
+
+def _check_weight_files(folder: Path) -> bool:
+    """Validate weight files before transformers reads them. Returns True for safetensors."""
+    safetensors = sorted(folder.glob("*.safetensors"))
+    if safetensors:
+        for path in safetensors:
+            _check_safetensors(path)
+        return True
+    pickled = sorted(p for p in folder.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+    if not pickled:
+        raise CorruptWeightsError(f"{folder} has no weights (expected model.safetensors)")
+    for path in pickled:
+        try:
+            torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as exc:  # unpickling errors come in many types
+            raise UnsafeWeightsError(
+                f"{path.name} is a pickle that does not load with weights_only=True; refusing to unpickle it "
+                f"(convert it to safetensors): {exc}"
+            ) from exc
+    return False
+
+
+def _check_safetensors(path: Path) -> None:
+    """Header parses and every tensor's bytes lie inside the file (catches truncation)."""
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            raise CorruptWeightsError(f"{path.name} is truncated ({size} bytes): not a safetensors file")
+        (header_len,) = struct.unpack("<Q", head)
+        if header_len > size - 8:
+            raise CorruptWeightsError(
+                f"{path.name} is corrupt or truncated: header claims {header_len} bytes"
+            )
+        try:
+            header = json.loads(handle.read(header_len))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CorruptWeightsError(f"{path.name} has a corrupt header: {exc}") from exc
+    data_size = size - 8 - header_len
+    ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)]
+    if ends and max(ends) > data_size:
+        raise CorruptWeightsError(
+            f"{path.name} is truncated: tensors need {max(ends)} bytes of data, the file has {data_size}"
+        )
+
+
+def _load_tokenizer(folder: Path, trust_remote_code: bool):
+    if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
+
+
+def _num_layers(config) -> int:
+    for attr in ("num_hidden_layers", "n_layers", "num_layers", "encoder_layers"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int):
+            return value
+    return 0
+
+
+def _max_length(config) -> int | None:
+    for attr in ("max_position_embeddings", "max_seq_len", "n_positions"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

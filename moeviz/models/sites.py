@@ -1,0 +1,214 @@
+"""Find the MoE layers of a model: where each router and its experts live, and how to decode them.
+
+This module (with `decoding`) is the only place that knows model internals. Discovery uses the table
+transformers itself uses for `output_router_logits` (`_can_record_outputs["router_logits"]`), which skips
+dense layers and covers encoder/decoder halves, and falls back to structural discovery (a module with an
+`experts` child and a router sibling) for models that lack it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from moeviz.models.decoding import NEEDS_EXPERT_ARGS
+
+# model_type -> (score function, decoder). Score function: how router logits become router scores.
+FAMILY_RULES: dict[str, tuple[str, str]] = {
+    **{
+        family: ("softmax", "expert_args")
+        for family in (
+            "mixtral",
+            "minimax",
+            "qwen2_moe",
+            "qwen3_moe",
+            "qwen3_next",
+            "olmoe",
+            "hunyuan_v1_moe",
+            "jamba",
+            "deepseek_v2",
+            "ernie4_5_moe",
+            "gpt_oss",
+            "granitemoe",
+            "phimoe",
+            "dbrx",
+        )
+    },
+    **{family: ("sigmoid", "expert_args") for family in ("deepseek_v3", "glm4_moe", "kimi_linear")},
+    "llama4_text": ("sigmoid", "sigmoid_router_scores"),
+    "llama4": ("sigmoid", "sigmoid_router_scores"),
+    "jetmoe": ("softmax", "sorted_gating"),
+    "switch_transformers": ("softmax", "one_hot_mask"),
+    "nllb-moe": ("softmax", "dense_weights"),
+}
+SUPPORTED_FAMILIES = tuple(sorted(FAMILY_RULES))
+
+_DEFAULT_TOP_K = {"one_hot_mask": 1, "dense_weights": 2}
+_ROUTER_NAMES = ("gate", "router", "wg", "classifier")
+_BIAS_NAME = "e_score_correction_bias"
+_TOP_K_NAMES = ("top_k", "num_experts_per_tok", "num_experts_per_token", "moe_k", "moe_topk", "moe_top_k")
+
+
+@dataclass
+class MoESite:
+    """One MoE layer: a router and (where the family passes the decision to it) its experts module.
+
+    `site` tells MoE layers apart within one block index: "mlp" normally, "attention" for JetMoE's
+    mixture-of-attention, "encoder"/"decoder" for encoder-decoder models.
+    """
+
+    name: str
+    layer: int
+    site: str
+    stream: str  # which token stream the router sees: "input" or, in encoder-decoders, "decoder"
+    router: nn.Module
+    experts: nn.Module | None
+    logits_index: int | None  # position of the raw logits in the router's output tuple; None = output itself
+    decoder: str  # key into decoding.DECODERS, or "auto" for structural discovery
+    score_fn: str  # "softmax" | "sigmoid"
+    num_experts: int
+    top_k: int | None
+    bias: torch.Tensor | None = field(default=None, repr=False)  # live reference: read at capture time
+    capacity: int | None = None
+    shared_experts: int = 0
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.site, self.layer)
+
+    @property
+    def needs_expert_args(self) -> bool:
+        return self.decoder in NEEDS_EXPERT_ARGS or self.decoder == "auto"
+
+
+def find_moe_sites(model: nn.Module) -> list[MoESite]:
+    """All MoE layers of `model`, in module order. Empty for a dense model."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    recorder = _router_recorder(model)
+    if recorder is not None:
+        sites = _sites_from_recorder(model, recorder, model_type)
+        if sites:
+            return sites
+    return _sites_by_structure(model, model_type)
+
+
+def _router_recorder(model: nn.Module):
+    for module in model.modules():
+        table = getattr(type(module), "_can_record_outputs", None) or {}
+        recorder = table.get("router_logits")
+        if recorder is not None and getattr(recorder, "target_class", None) is not None:
+            return recorder
+    return None
+
+
+def _sites_from_recorder(model: nn.Module, recorder, model_type: str | None) -> list[MoESite]:
+    score_fn, decoder = FAMILY_RULES.get(model_type, (None, "auto"))
+    sites = []
+    modules = dict(model.named_modules())
+    for name, module in modules.items():
+        if not isinstance(module, recorder.target_class):
+            continue
+        if recorder.layer_name and not name.endswith(recorder.layer_name):
+            continue
+        parent = modules[name.rsplit(".", 1)[0]] if "." in name else model
+        experts = getattr(parent, "experts", None)
+        experts = experts if isinstance(experts, nn.Module) and experts is not module else None
+        sites.append(_make_site(model, name, module, parent, experts, recorder.index, decoder, score_fn))
+    return sites
+
+
+def _sites_by_structure(model: nn.Module, model_type: str | None) -> list[MoESite]:
+    sites = []
+    for name, block in model.named_modules():
+        experts = getattr(block, "experts", None)
+        if not isinstance(experts, nn.Module):
+            continue
+        for router_name in _ROUTER_NAMES:
+            router = getattr(block, router_name, None)
+            weight = _router_weight(router) if isinstance(router, nn.Module) else None
+            if weight is not None and weight.shape[0] > 1:
+                full = f"{name}.{router_name}" if name else router_name
+                sites.append(_make_site(model, full, router, block, experts, None, "auto", None))
+                break
+    return sites
+
+
+def _make_site(model, name, router, block, experts, logits_index, decoder, score_fn) -> MoESite:
+    config = getattr(model, "config", None)
+    bias = _find_bias(router) if _find_bias(router) is not None else _find_bias(block)
+    weight = _router_weight(router)
+    num_experts = int(weight.shape[0]) if weight is not None else int(getattr(router, "num_experts", 0))
+    if score_fn is None:  # unknown family: sigmoid when the config says so, else softmax
+        scoring = str(getattr(config, "scoring_func", "") or getattr(config, "score_func", "")).lower()
+        score_fn = "sigmoid" if scoring == "sigmoid" else "softmax"
+    is_enc_dec = bool(getattr(config, "is_encoder_decoder", False))
+    in_encoder = bool(re.search(r"(^|\.)encoder\.", name))
+    if is_enc_dec:
+        site, stream = ("encoder", "input") if in_encoder else ("decoder", "decoder")
+    else:
+        site, stream = ("attention" if "attention" in name else "mlp"), "input"
+    shared = getattr(block, "shared_experts", None) or getattr(block, "shared_expert", None)
+    return MoESite(
+        name=name,
+        layer=_layer_index(name),
+        site=site,
+        stream=stream,
+        router=router,
+        experts=experts,
+        logits_index=logits_index,
+        decoder=decoder,
+        score_fn=score_fn,
+        num_experts=num_experts,
+        top_k=_top_k(router, block, config) or _DEFAULT_TOP_K.get(decoder),
+        bias=bias,
+        capacity=getattr(router, "expert_capacity", None),
+        shared_experts=_shared_expert_count(config) if isinstance(shared, nn.Module) else 0,
+    )
+
+
+def _router_weight(router: nn.Module | None) -> torch.Tensor | None:
+    if router is None:
+        return None
+    for param in router.parameters():
+        if param.dim() == 2:
+            return param
+    return None
+
+
+def _find_bias(module: nn.Module) -> torch.Tensor | None:
+    for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+        if name.endswith(_BIAS_NAME):
+            return tensor
+    return None
+
+
+def _layer_index(name: str) -> int:
+    """Index of the block that holds the MoE layer: the first integer in the module path."""
+    match = re.search(r"\.(\d+)(\.|$)", name)
+    return int(match.group(1)) if match else 0
+
+
+def _top_k(router: nn.Module, block: nn.Module, config) -> int | None:
+    for source in (router, block):
+        for attr in _TOP_K_NAMES:
+            value = getattr(source, attr, None)
+            if isinstance(value, int):
+                return value
+    for attr in _TOP_K_NAMES:
+        value = getattr(config, attr, None)
+        if isinstance(value, int):
+            return value
+    ffn = getattr(config, "ffn_config", None)
+    return getattr(ffn, "moe_top_k", None)
+
+
+def _shared_expert_count(config) -> int:
+    for attr in ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 1

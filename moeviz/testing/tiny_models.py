@@ -1,0 +1,301 @@
+"""Tiny random-weight MoE models of every supported family, for tests and benchmarks.
+
+Each builder returns a small config whose routing is non-degenerate: routers and balancing biases are
+randomised after construction (several families zero-initialise them, which makes routing trivial).
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import torch
+
+VOCAB = 128
+HIDDEN = 64
+
+_COMMON: dict[str, Any] = dict(
+    vocab_size=VOCAB,
+    hidden_size=HIDDEN,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    tie_word_embeddings=False,
+)
+
+# model_type -> config overrides. Kept to 2-4 layers, 4-8 experts.
+FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
+    "mixtral": dict(num_hidden_layers=2, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
+    "minimax": dict(
+        num_hidden_layers=2,
+        intermediate_size=32,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        head_dim=16,
+        layer_types=["linear_attention", "full_attention"],
+        block_size=16,
+    ),
+    "qwen2_moe": dict(
+        num_hidden_layers=2,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+    ),
+    "qwen3_moe": dict(
+        num_hidden_layers=2,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        head_dim=16,
+        norm_topk_prob=True,
+    ),
+    "qwen3_next": dict(
+        num_hidden_layers=4,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        head_dim=16,
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        norm_topk_prob=True,
+    ),
+    "olmoe": dict(num_hidden_layers=2, intermediate_size=32, num_experts=8, num_experts_per_tok=2),
+    "hunyuan_v1_moe": dict(num_hidden_layers=2, intermediate_size=32, num_experts=8, moe_topk=2, head_dim=16),
+    "jamba": dict(
+        num_hidden_layers=4,
+        intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        attn_layer_period=2,
+        attn_layer_offset=1,
+        expert_layer_period=2,
+        expert_layer_offset=1,
+        mamba_d_state=8,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_dt_rank=8,
+        use_mamba_kernels=False,
+    ),
+    "deepseek_v2": dict(
+        num_hidden_layers=3,
+        num_key_value_heads=4,  # MLA: one latent KV per head
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=4,
+        topk_group=1,  # v2 scores a group by its max: with topk_group >= k the limit never binds
+        topk_method="group_limited_greedy",
+        routed_scaling_factor=1.5,
+        first_k_dense_replace=1,
+        kv_lora_rank=16,
+        q_lora_rank=24,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
+    ),
+    "deepseek_v3": dict(
+        num_hidden_layers=3,
+        num_key_value_heads=4,  # MLA: one latent KV per head
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+        first_k_dense_replace=1,
+        kv_lora_rank=16,
+        q_lora_rank=24,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
+        norm_topk_prob=True,
+    ),
+    "glm4_moe": dict(
+        num_hidden_layers=3,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=1.8,
+        first_k_dense_replace=1,
+        head_dim=16,
+        norm_topk_prob=True,
+    ),
+    "kimi_linear": dict(
+        num_hidden_layers=3,
+        num_key_value_heads=4,  # MLA: one latent KV per head
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_token=2,
+        num_shared_experts=1,
+        num_expert_group=2,
+        topk_group=1,
+        routed_scaling_factor=2.0,
+        first_k_dense_replace=1,
+        head_dim=16,
+        kv_lora_rank=16,
+        q_lora_rank=None,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
+        mla_use_nope=True,
+        moe_renormalize=True,
+        linear_attn_config={
+            "kda_layers": [1, 2],
+            "full_attn_layers": [3],
+            "head_dim": 16,
+            "num_heads": 4,
+            "short_conv_kernel_size": 4,
+        },
+    ),
+    "ernie4_5_moe": dict(
+        num_hidden_layers=2,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        moe_num_experts=8,
+        moe_k=2,
+        moe_layer_start_index=0,
+        moe_num_shared_experts=0,
+        head_dim=16,
+    ),
+    "gpt_oss": dict(
+        num_hidden_layers=2,
+        intermediate_size=32,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        head_dim=16,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+    ),
+    "granitemoe": dict(num_hidden_layers=2, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
+    "phimoe": dict(num_hidden_layers=2, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
+    "dbrx": dict(
+        n_layers=2,
+        d_model=HIDDEN,
+        n_heads=4,
+        max_seq_len=512,
+        attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+        ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 8, "moe_top_k": 2},
+    ),
+    "llama4_text": dict(
+        num_hidden_layers=2,
+        intermediate_size=32,
+        intermediate_size_mlp=64,
+        num_local_experts=8,
+        num_experts_per_tok=1,
+        head_dim=16,
+        interleave_moe_layer_step=1,
+        attention_chunk_size=8,
+    ),
+    "jetmoe": dict(
+        num_hidden_layers=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        kv_channels=16,
+        intermediate_size=32,
+    ),
+    "switch_transformers": dict(
+        d_model=HIDDEN,
+        d_kv=16,
+        d_ff=64,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        num_experts=4,
+        encoder_sparse_step=1,
+        decoder_sparse_step=1,
+        expert_capacity=4,
+        decoder_start_token_id=0,
+    ),
+    "nllb-moe": dict(
+        d_model=HIDDEN,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        num_experts=4,
+        encoder_sparse_step=1,
+        decoder_sparse_step=1,
+        expert_capacity=8,
+        moe_eval_capacity_token_fraction=0.5,  # eval capacity = ceil(0.5·N): some tokens are dropped
+        decoder_start_token_id=2,
+    ),
+}
+
+FAMILIES = tuple(FAMILY_CONFIGS)
+SEQ2SEQ = {"switch_transformers", "nllb-moe"}
+
+
+def tiny_config(family: str, **overrides: Any):
+    from transformers import AutoConfig
+
+    kwargs = dict(_COMMON)
+    if family in ("dbrx",):
+        kwargs = {
+            k: v
+            for k, v in kwargs.items()
+            if k
+            not in ("hidden_size", "num_attention_heads", "num_key_value_heads", "max_position_embeddings")
+        }
+    if family in SEQ2SEQ:
+        kwargs = {
+            k: v
+            for k, v in kwargs.items()
+            if k not in ("hidden_size", "num_attention_heads", "num_key_value_heads")
+        }
+    kwargs.update(FAMILY_CONFIGS[family])
+    kwargs.update(overrides)
+    return AutoConfig.for_model(family, **kwargs)
+
+
+def randomise_routing(model: torch.nn.Module, seed: int = 0) -> None:
+    """Give routers and balancing biases non-trivial values (several families zero-init them)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        # Balancing biases are buffers in some families (deepseek_v3, glm4_moe, kimi_linear).
+        for name, param in itertools.chain(model.named_parameters(), model.named_buffers()):
+            lname = name.lower()
+            if "e_score_correction_bias" in lname or (
+                any(key in lname for key in ("router", ".gate.", "mlp.gate.weight", ".wg.", "classifier"))
+                and "shared_expert_gate" not in lname
+            ):
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.5)
+
+
+def build_tiny_model(family: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    torch.manual_seed(seed)
+    config = tiny_config(family, **overrides)
+    auto = AutoModelForSeq2SeqLM if family in SEQ2SEQ else AutoModelForCausalLM
+    model = auto.from_config(config)
+    randomise_routing(model, seed)
+    return model.eval()
+
+
+def save_tiny_model(family: str, folder: Path, seed: int = 0, **overrides: Any) -> Path:
+    model = build_tiny_model(family, seed, **overrides)
+    model.save_pretrained(folder)
+    return Path(folder)

@@ -1,0 +1,319 @@
+"""The Trace: the one data model that crosses every boundary downstream of capture.
+
+Plain numpy and pandas, no torch: analysis, charts, the app and the CLI read a Trace or its frames and
+never the model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from moeviz.errors import TraceFormatError
+from moeviz.scoring import scores_from_logits, selection_scores
+
+TRACE_FORMAT = "moeviz.trace/1"
+
+TOKEN_COLUMNS = ["seq", "pos", "stream", "token_id", "token", "phase", "step"]
+ROUTING_COLUMNS = [
+    "seq",
+    "pos",
+    "token_id",
+    "token",
+    "layer",
+    "rank",
+    "expert",
+    "weight",
+    "score",
+    "selection_score",
+    "logit",
+    "site",
+    "stream",
+    "phase",
+    "step",
+]
+
+
+@dataclass
+class ModelInfo:
+    """What the capture knows about the model as a whole."""
+
+    source: str
+    model_type: str
+    architecture: str
+    num_layers: int
+    num_parameters: int = 0
+    dtype: str = "float32"
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LayerRouting:
+    """Routing of one MoE layer over all captured tokens it saw.
+
+    N = tokens this layer routed (padding excluded), E = experts, k = slots per token.
+    - token_rows [N]: row of each token in `Trace.tokens`
+    - logits [N, E]: raw router logits (fp32)
+    - scores [N, E]: router scores, `score_fn(logits)`, before any top-k renormalisation
+    - selection_scores [N, E]: what the experts were selected on (scores + balancing bias, if any)
+    - experts [N, k]: dispatched expert ids, -1 for a slot dropped by capacity; slots by descending weight
+    - weights [N, k]: combination weights the model applied (0 for dropped)
+    - bias [E] | None: balancing bias added for selection only
+    """
+
+    layer: int
+    site: str
+    token_rows: np.ndarray
+    logits: np.ndarray
+    scores: np.ndarray
+    selection_scores: np.ndarray
+    experts: np.ndarray
+    weights: np.ndarray
+    score_fn: str
+    bias: np.ndarray | None = None
+    decision_source: str = "dispatch"  # "dispatch" | "router_output" | "recomputed" (not the model's own)
+    top_k: int | None = None
+    capacity: int | None = None
+    shared_experts: int = 0
+    module: str = ""
+
+    def __post_init__(self) -> None:
+        n = len(self.token_rows)
+        for name, arr, dims in (
+            ("logits", self.logits, 2),
+            ("scores", self.scores, 2),
+            ("selection_scores", self.selection_scores, 2),
+            ("experts", self.experts, 2),
+            ("weights", self.weights, 2),
+        ):
+            if arr.ndim != dims or arr.shape[0] != n:
+                raise ValueError(f"layer {self.layer} {name}: expected [{n}, ...], got {list(arr.shape)}")
+        if self.experts.shape != self.weights.shape:
+            raise ValueError(
+                f"layer {self.layer}: experts {self.experts.shape} != weights {self.weights.shape}"
+            )
+        if self.scores.shape != self.logits.shape:
+            raise ValueError(f"layer {self.layer}: scores {self.scores.shape} != logits {self.logits.shape}")
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.logits.shape[1])
+
+    @property
+    def k(self) -> int:
+        return int(self.experts.shape[1])
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.site, self.layer)
+
+
+@dataclass
+class Trace:
+    """Tokens plus the routing of every MoE layer over them.
+
+    `tokens` has one row per token: seq, pos (position within its sequence, padding excluded), stream
+    ("input", or "decoder" for the decoder side of encoder-decoders), token_id, token (decoded text),
+    phase ("prompt" | "generated") and step (generation step whose forward routed it; 0 = prompt).
+    """
+
+    model: ModelInfo
+    tokens: pd.DataFrame
+    layers: list[LayerRouting]
+
+    def layer(self, layer: int, site: str | None = None) -> LayerRouting:
+        for routing in self.layers:
+            if routing.layer == layer and (site is None or routing.site == site):
+                return routing
+        raise KeyError(f"no MoE layer {layer}{'' if site is None else f' ({site})'} in this trace")
+
+    @property
+    def layer_keys(self) -> list[tuple[str, int]]:
+        return [routing.key for routing in self.layers]
+
+    def routing_frame(self) -> pd.DataFrame:
+        """Tidy routing table: one row per (seq, pos, layer, rank); see ROUTING_COLUMNS and the README."""
+        parts = [_layer_frame(self.tokens, routing) for routing in self.layers]
+        if not parts:
+            return pd.DataFrame({c: [] for c in ROUTING_COLUMNS})
+        return pd.concat(parts, ignore_index=True)[ROUTING_COLUMNS]
+
+    def scores_frame(self, layer: int, site: str | None = None) -> pd.DataFrame:
+        """Token × expert frame of one layer: seq, pos, token, expert, score, logit, selection_score,
+        dispatched (bool), weight (0 where not dispatched). [N·E rows]"""
+        routing = self.layer(layer, site)
+        n, e = routing.logits.shape
+        tokens = self.tokens.iloc[routing.token_rows].reset_index(drop=True)
+        dispatched = np.zeros((n, e), dtype=bool)
+        weight = np.zeros((n, e), dtype=np.float32)
+        rows, slots = np.nonzero(routing.experts >= 0)
+        dispatched[rows, routing.experts[rows, slots]] = True
+        weight[rows, routing.experts[rows, slots]] = routing.weights[rows, slots]
+        frame = pd.DataFrame(
+            {
+                "row": np.repeat(np.arange(n), e),
+                "expert": np.tile(np.arange(e), n),
+                "score": routing.scores.reshape(-1),
+                "logit": routing.logits.reshape(-1),
+                "selection_score": routing.selection_scores.reshape(-1),
+                "dispatched": dispatched.reshape(-1),
+                "weight": weight.reshape(-1),
+            }
+        )
+        for column in ("seq", "pos", "token_id", "token"):
+            frame[column] = tokens[column].to_numpy()[frame["row"].to_numpy()]
+        return frame
+
+    # ---- Parquet -----------------------------------------------------------------------------------
+    def to_parquet(self, path: str | Path) -> Path:
+        """Write the routing table (plus each token's full logits) to one Parquet file, atomically."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = Path(path)
+        frame = self.routing_frame()
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        table = table.append_column(
+            "logits", _logits_column([_repeat_rows(r.logits, r.k) for r in self.layers])
+        )
+        meta = {
+            "format": TRACE_FORMAT,
+            "model": asdict(self.model),
+            "tokens": {c: self.tokens[c].tolist() for c in TOKEN_COLUMNS},
+            "layers": [_layer_meta(r) for r in self.layers],
+        }
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), b"moeviz": json.dumps(meta)})
+        tmp = path.with_name(f".{path.name}.partial")
+        try:
+            pq.write_table(table, tmp, compression="zstd")
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path
+
+    @classmethod
+    def from_parquet(cls, path: str | Path) -> Trace:
+        import pyarrow.parquet as pq
+
+        path = Path(path)
+        try:
+            table = pq.read_table(path)
+        except Exception as exc:  # pyarrow raises several types for non-Parquet input
+            raise TraceFormatError(f"{path}: not a readable Parquet file ({exc})") from exc
+        raw = (table.schema.metadata or {}).get(b"moeviz")
+        if raw is None:
+            raise TraceFormatError(f"{path}: a Parquet file, but not a moeviz trace (no 'moeviz' metadata)")
+        meta = json.loads(raw)
+        if meta.get("format") != TRACE_FORMAT:
+            raise TraceFormatError(f"{path}: trace format {meta.get('format')!r}, expected {TRACE_FORMAT!r}")
+        tokens = pd.DataFrame(meta["tokens"])[TOKEN_COLUMNS]
+        frame = table.drop_columns(["logits"]).to_pandas()
+        logits_all = table.column("logits").combine_chunks()
+        token_index = pd.MultiIndex.from_frame(tokens[["stream", "seq", "pos"]])
+        layers, start = [], 0
+        for info in meta["layers"]:
+            n_rows = info["num_tokens"] * info["k"]
+            part = frame.iloc[start : start + n_rows : info["k"]]
+            token_rows = token_index.get_indexer(pd.MultiIndex.from_frame(part[["stream", "seq", "pos"]]))
+            if (token_rows < 0).any():
+                raise TraceFormatError(f"{path}: routing rows refer to tokens missing from the token table")
+            rows = frame.iloc[start : start + n_rows]
+            layers.append(_layer_from_rows(info, token_rows, rows, logits_all.slice(start, n_rows)))
+            start += n_rows
+        if start != len(frame):
+            raise TraceFormatError(f"{path}: {len(frame)} routing rows, metadata accounts for {start}")
+        return cls(model=ModelInfo(**meta["model"]), tokens=tokens, layers=layers)
+
+
+def _layer_frame(tokens: pd.DataFrame, routing: LayerRouting) -> pd.DataFrame:
+    n, k = routing.experts.shape
+    rows = np.repeat(routing.token_rows, k)
+    token_index = np.repeat(np.arange(n), k)
+    experts = routing.experts.reshape(-1)
+    valid = experts >= 0
+    safe = np.where(valid, experts, 0)
+
+    def per_expert(values: np.ndarray) -> np.ndarray:
+        picked = values[token_index, safe].astype(np.float32)
+        return np.where(valid, picked, np.float32(np.nan))
+
+    frame = pd.DataFrame(
+        {
+            "layer": np.full(n * k, routing.layer, dtype=np.int64),
+            "rank": np.tile(np.arange(k, dtype=np.int64), n),
+            "expert": experts.astype(np.int64),
+            "weight": routing.weights.reshape(-1).astype(np.float32),
+            "score": per_expert(routing.scores),
+            "selection_score": per_expert(routing.selection_scores),
+            "logit": per_expert(routing.logits),
+            "site": routing.site,
+        }
+    )
+    for column in TOKEN_COLUMNS:
+        frame[column] = tokens[column].to_numpy()[rows]
+    return frame
+
+
+def _repeat_rows(values: np.ndarray, k: int) -> np.ndarray:
+    return np.repeat(values.astype(np.float32), k, axis=0)
+
+
+def _logits_column(per_layer: list[np.ndarray]):
+    """Per-layer [R, E] float32 blocks (E may differ between layers) → one Arrow list<float32> column."""
+    import pyarrow as pa
+
+    lengths = np.concatenate(
+        [np.full(len(b), b.shape[1], dtype=np.int32) for b in per_layer] or [np.zeros(0, np.int32)]
+    )
+    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int32)
+    values = np.concatenate([b.reshape(-1) for b in per_layer] or [np.zeros(0, np.float32)])
+    return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), pa.array(values, type=pa.float32()))
+
+
+def _layer_meta(routing: LayerRouting) -> dict[str, Any]:
+    return {
+        "layer": routing.layer,
+        "site": routing.site,
+        "num_tokens": len(routing.token_rows),
+        "k": routing.k,
+        "num_experts": routing.num_experts,
+        "score_fn": routing.score_fn,
+        "bias": None if routing.bias is None else routing.bias.astype(float).tolist(),
+        "decision_source": routing.decision_source,
+        "top_k": routing.top_k,
+        "capacity": routing.capacity,
+        "shared_experts": routing.shared_experts,
+        "module": routing.module,
+    }
+
+
+def _layer_from_rows(
+    info: dict[str, Any], token_rows: np.ndarray, part: pd.DataFrame, logits_rows
+) -> LayerRouting:
+    n, k, e = info["num_tokens"], info["k"], info["num_experts"]
+    flat = logits_rows.flatten().to_numpy(zero_copy_only=False)
+    logits = np.asarray(flat, dtype=np.float32).reshape(n, k, e)[:, 0]
+    bias = None if info["bias"] is None else np.asarray(info["bias"], dtype=np.float32)
+    scores = scores_from_logits(logits, info["score_fn"])
+    return LayerRouting(
+        layer=info["layer"],
+        site=info["site"],
+        token_rows=token_rows,
+        logits=logits,
+        scores=scores,
+        selection_scores=selection_scores(scores, bias),
+        experts=part["expert"].to_numpy().reshape(n, k),
+        weights=part["weight"].to_numpy().astype(np.float32).reshape(n, k),
+        score_fn=info["score_fn"],
+        bias=bias,
+        decision_source=info["decision_source"],
+        top_k=info["top_k"],
+        capacity=info["capacity"],
+        shared_experts=info["shared_experts"],
+        module=info["module"],
+    )

@@ -1,0 +1,184 @@
+"""Capture mechanics: padding, generate, hooks lifecycle, loud failure, generic discovery, lengths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import moeviz
+from moeviz.errors import CaptureError, InputError, PromptTooLongError
+from moeviz.models.sites import find_moe_sites
+
+
+def _hook_count(model) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def _rows_of(trace, seq):
+    """Per layer: experts [n, k] and weights [n, k] of sequence `seq`, ordered by position."""
+    out = []
+    for routing in trace.layers:
+        tok = trace.tokens.iloc[routing.token_rows]
+        mine = np.nonzero(tok["seq"].to_numpy() == seq)[0]
+        order = mine[np.argsort(tok["pos"].to_numpy()[mine])]
+        out.append((routing.experts[order], routing.weights[order], routing.logits[order]))
+    return out
+
+
+@pytest.mark.parametrize("family", ["mixtral", "deepseek_v3", "switch_transformers"])
+def test_padding_is_masked_and_does_not_change_routing(tiny_model_dir, family):
+    loaded = moeviz.load_model(tiny_model_dir(family))
+    short, long = [5, 6, 7], [10, 11, 12, 13, 14, 15, 16]
+    batch = moeviz.capture(loaded, token_ids=[long, short])
+    alone = moeviz.capture(loaded, token_ids=[short])
+    assert len(batch.tokens[batch.tokens.stream == "input"]) == len(long) + len(short)
+    for (be, bw, bl), (ae, aw, al) in zip(_rows_of(batch, 1), _rows_of(alone, 0), strict=True):
+        np.testing.assert_allclose(bl, al, atol=1e-5)
+        if family != "switch_transformers":  # capacity is shared by the whole batch, so drops may differ
+            assert (be == ae).all()
+            np.testing.assert_allclose(bw, aw, atol=1e-6)
+
+
+def test_generate_marks_prompt_and_steps(tiny_model_dir):
+    loaded = moeviz.load_model(tiny_model_dir("mixtral"))
+    prompt = [5, 6, 7, 8]
+    plain = moeviz.capture(loaded, token_ids=[prompt])
+    gen = moeviz.capture(loaded, token_ids=[prompt], generate=4)
+    with torch.no_grad():
+        expected = loaded.model.generate(
+            torch.tensor([prompt]), max_new_tokens=4, do_sample=False, pad_token_id=0
+        )
+    tokens = gen.tokens
+    assert tokens.token_id.tolist() == expected[0].tolist()
+    assert tokens.phase.tolist() == ["prompt"] * 4 + ["generated"] * (len(tokens) - 4)
+    # The prompt's routing in generate (prefill) equals a plain forward's.
+    for g, p in zip(gen.layers, plain.layers, strict=True):
+        prompt_rows = g.token_rows < 4
+        assert (g.experts[prompt_rows] == p.experts).all()
+        np.testing.assert_allclose(g.logits[prompt_rows], p.logits, atol=1e-5)
+        # Each generated token except the last one was fed back and routed once, in its own step.
+        routed = tokens.iloc[g.token_rows]
+        assert routed[routed.phase == "generated"].step.tolist() == list(range(1, len(tokens) - 4))
+
+
+def test_generate_routing_equals_forward_on_full_sequence(tiny_model_dir):
+    """The step-by-step (KV-cached) routing equals one forward over prompt + generated tokens."""
+    loaded = moeviz.load_model(tiny_model_dir("qwen3_moe"))
+    gen = moeviz.capture(loaded, token_ids=[[5, 6, 7]], generate=5)
+    full = moeviz.capture(loaded, token_ids=[gen.tokens.token_id.tolist()[:-1]])
+    for g, f in zip(gen.layers, full.layers, strict=True):
+        assert (g.experts == f.experts).all()
+        np.testing.assert_allclose(g.weights, f.weights, atol=1e-5)
+
+
+def test_batched_generate_with_left_padding(tiny_model_dir):
+    loaded = moeviz.load_model(tiny_model_dir("olmoe"))
+    gen = moeviz.capture(loaded, token_ids=[[5, 6, 7, 8, 9], [10, 11]], generate=3)
+    alone = moeviz.capture(loaded, token_ids=[[10, 11]], generate=3)
+    short = gen.tokens[gen.tokens.seq == 1]
+    assert short.pos.tolist() == list(range(len(short)))
+    assert short.token_id.tolist() == alone.tokens.token_id.tolist()
+    for (be, _, bl), (ae, _, al) in zip(_rows_of(gen, 1), _rows_of(alone, 0), strict=True):
+        assert (be == ae).all()
+        np.testing.assert_allclose(bl, al, atol=1e-4)
+
+
+def test_hooks_are_removed_after_capture_and_after_errors(tiny_model_dir):
+    loaded = moeviz.load_model(tiny_model_dir("mixtral"))
+    before = _hook_count(loaded.model)
+    moeviz.capture(loaded, token_ids=[5, 6, 7])
+    assert _hook_count(loaded.model) == before
+
+    def explode(*args, **kwargs):
+        raise RuntimeError("boom inside the forward")
+
+    layer = loaded.model.model.layers[1]
+    original = layer.forward
+    layer.forward = explode
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            moeviz.capture(loaded, token_ids=[5, 6, 7])
+    finally:
+        layer.forward = original
+    assert _hook_count(loaded.model) == before
+
+
+def test_hooks_that_did_not_fire_fail_loudly(tiny_model_dir):
+    """A replaced forward that calls the router's .forward directly bypasses hooks: say so."""
+    loaded = moeviz.load_model(tiny_model_dir("mixtral"))
+    block = loaded.model.model.layers[0].mlp
+    original = block.forward
+
+    def kernel_forward(hidden_states):
+        flat = hidden_states.view(-1, hidden_states.shape[-1])
+        _, weights, index = block.gate.forward(flat)
+        return block.experts.forward(flat, index, weights).view_as(hidden_states)
+
+    block.forward = kernel_forward
+    try:
+        with pytest.raises(CaptureError, match="did not fire"):
+            moeviz.capture(loaded, token_ids=[5, 6, 7])
+    finally:
+        block.forward = original
+
+
+def _hide_recorder_table(model, monkeypatch):
+    for cls in {c for m in model.modules() for c in type(m).__mro__}:
+        if "_can_record_outputs" in vars(cls):
+            monkeypatch.setattr(cls, "_can_record_outputs", {})
+
+
+def test_generic_discovery_without_recorder_table(tiny_model_dir, monkeypatch):
+    """Models without `_can_record_outputs` (remote code) are found structurally and decoded exactly."""
+    loaded = moeviz.load_model(tiny_model_dir("mixtral"))
+    reference = moeviz.capture(loaded, token_ids=[[5, 6, 7, 8]])
+    _hide_recorder_table(loaded.model, monkeypatch)
+    sites = find_moe_sites(loaded.model)
+    assert [s.decoder for s in sites] == ["auto", "auto"]
+    loaded.sites = sites
+    generic = moeviz.capture(loaded, token_ids=[[5, 6, 7, 8]])
+    for g, r in zip(generic.layers, reference.layers, strict=True):
+        assert g.decision_source == "dispatch" and g.score_fn == "softmax"
+        assert (g.experts == r.experts).all()
+        np.testing.assert_array_equal(g.weights, r.weights)
+
+
+def test_generic_discovery_infers_sigmoid_scores(tiny_model_dir, monkeypatch):
+    loaded = moeviz.load_model(tiny_model_dir("deepseek_v3"))
+    _hide_recorder_table(loaded.model, monkeypatch)
+    loaded.sites = find_moe_sites(loaded.model)
+    trace = moeviz.capture(loaded, token_ids=[[5, 6, 7, 8, 9, 10]])
+    assert {layer.score_fn for layer in trace.layers} == {"sigmoid"}
+    assert all(layer.bias is not None for layer in trace.layers)
+
+
+def test_prompt_too_long(tiny_model_dir):
+    loaded = moeviz.load_model(tiny_model_dir("mixtral"))
+    with pytest.raises(PromptTooLongError, match="context length of 512"):
+        moeviz.capture(loaded, token_ids=[[5] * 513])
+    with pytest.raises(PromptTooLongError):
+        moeviz.capture(loaded, token_ids=[[5] * 510], generate=3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"token_ids": []}, "empty"),
+        ({"token_ids": [[5], []]}, "empty"),
+        ({"token_ids": [5, 999]}, "out of range"),
+        ({"texts": "hello"}, "no tokenizer"),
+        ({}, "exactly one"),
+    ],
+)
+def test_bad_input(tiny_model_dir, kwargs, message):
+    loaded = moeviz.load_model(tiny_model_dir("mixtral"))
+    with pytest.raises(InputError, match=message):
+        moeviz.capture(loaded, **kwargs)
+
+
+def test_text_capture_uses_tokenizer(sample_model):
+    text = "def add(a, b): return a + b"
+    trace = moeviz.capture(sample_model, text)
+    assert trace.tokens.token_id.tolist() == sample_model.tokenizer(text)["input_ids"]
+    assert "".join(trace.tokens.token) == text
