@@ -44,10 +44,13 @@ def sample_models_dir() -> Path:
 
 
 def list_samples() -> list[str]:
+    """Sample model names: folders under sample_models/ with a config.json, and the checkpoints of a
+    series one level down (`SERIES/STEP`)."""
     root = sample_models_dir()
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.iterdir() if (p / "config.json").is_file())
+    configs = list(root.glob("*/config.json")) + list(root.glob("*/*/config.json"))
+    return sorted(path.parent.relative_to(root).as_posix() for path in configs)
 
 
 @dataclass
