@@ -19,7 +19,7 @@ from moeviz.scoring import scores_from_logits, selection_scores
 
 TRACE_FORMAT = "moeviz.trace/1"
 
-TOKEN_COLUMNS = ["seq", "pos", "stream", "token_id", "token", "phase", "step"]
+TOKEN_COLUMNS = ["seq", "pos", "stream", "token_id", "token", "phase", "step", "predicted_id"]
 ROUTING_COLUMNS = [
     "seq",
     "pos",
@@ -119,7 +119,9 @@ class Trace:
 
     `tokens` has one row per token: seq, pos (position within its sequence, padding excluded), stream
     ("input", or "decoder" for the decoder side of encoder-decoders), token_id, token (decoded text),
-    phase ("prompt" | "generated") and step (generation step whose forward routed it; 0 = prompt).
+    phase ("prompt" | "generated"), step (generation step whose forward routed it; 0 = prompt) and
+    predicted_id (the model's argmax next token at this position; -1 where it was not computed, i.e. the
+    prompt positions before the last one in `generate`).
     """
 
     model: ModelInfo

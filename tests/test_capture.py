@@ -182,3 +182,17 @@ def test_text_capture_uses_tokenizer(sample_model):
     trace = moeviz.capture(sample_model, text)
     assert trace.tokens.token_id.tolist() == sample_model.tokenizer(text)["input_ids"]
     assert "".join(trace.tokens.token) == text
+
+
+def test_predicted_next_token_is_the_models_argmax(tiny_model_dir):
+    loaded = moeviz.load_model(tiny_model_dir("olmoe"))
+    seqs = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    trace = moeviz.capture(loaded, token_ids=seqs)
+    for b, seq in enumerate(seqs):
+        with torch.no_grad():
+            expected = loaded.model(input_ids=torch.tensor([seq])).logits[0].argmax(-1).tolist()
+        assert trace.tokens[trace.tokens.seq == b].predicted_id.tolist() == expected
+    gen = moeviz.capture(loaded, token_ids=[[5, 6, 7]], generate=3)
+    ids, predicted = gen.tokens.token_id.tolist(), gen.tokens.predicted_id.tolist()
+    assert predicted[:2] == [-1, -1]  # generate computes no next-token logits for earlier prompt positions
+    assert predicted[2:-1] == ids[3:]

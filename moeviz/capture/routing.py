@@ -39,6 +39,7 @@ class _Stream:
     phase: np.ndarray  # [B, L] "prompt" | "generated"
     step: np.ndarray  # [B, L] generation step whose forward routed the token
     calls: list[slice]
+    predicted: np.ndarray  # [B, L] the model's argmax next token at this position; -1 = not computed
 
 
 def capture(
@@ -143,18 +144,19 @@ def _run(loaded: LoadedModel, batch: list[list[int]], generate: int) -> dict[str
     if generate == 0:
         if loaded.is_encoder_decoder:
             dec_ids, dec_mask = _shift_right(ids, mask, _decoder_start(loaded.model.config), pad_id)
-            loaded.model(
+            out = loaded.model(
                 input_ids=input_ids,
                 attention_mask=attention,
                 decoder_input_ids=torch.from_numpy(dec_ids),
                 decoder_attention_mask=torch.from_numpy(dec_mask.astype(np.int64)),
             )
-            return {
-                "input": _stream("input", ids, mask, [slice(0, width)]),
-                "decoder": _stream("decoder", dec_ids, dec_mask, [slice(0, dec_ids.shape[1])]),
-            }
-        loaded.model(input_ids=input_ids, attention_mask=attention)
-        return {"input": _stream("input", ids, mask, [slice(0, width)])}
+            decoder = _stream("decoder", dec_ids, dec_mask, [slice(0, dec_ids.shape[1])])
+            decoder.predicted[:] = _argmax(out.logits)
+            return {"input": _stream("input", ids, mask, [slice(0, width)]), "decoder": decoder}
+        out = loaded.model(input_ids=input_ids, attention_mask=attention)
+        stream = _stream("input", ids, mask, [slice(0, width)])
+        stream.predicted[:] = _argmax(out.logits)
+        return {"input": stream}
     out = loaded.model.generate(
         input_ids=input_ids,
         attention_mask=attention,
@@ -172,6 +174,7 @@ def _run(loaded: LoadedModel, batch: list[list[int]], generate: int) -> dict[str
         decoder = _stream("decoder", sequences, dec_valid, [slice(s, s + 1) for s in range(n_new)])
         decoder.phase[:, 1:] = "generated"
         decoder.step[:] = np.arange(sequences.shape[1])[None, :]
+        decoder.predicted[:, :-1] = sequences[:, 1:]  # greedy: the next token is the model's argmax
         return {"input": _stream("input", ids, mask, [slice(0, width)]), "decoder": decoder}
     n_new = sequences.shape[1] - width
     full_valid = np.concatenate([mask, _alive(sequences[:, width:], eos)], axis=1)
@@ -179,6 +182,8 @@ def _run(loaded: LoadedModel, batch: list[list[int]], generate: int) -> dict[str
     stream = _stream("input", sequences, full_valid, calls)
     stream.phase[:, width:] = "generated"
     stream.step[:, width:] = np.arange(1, n_new + 1)[None, :]
+    # Greedy decoding: from the last prompt position on, the next token is the model's argmax.
+    stream.predicted[:, width - 1 : -1] = sequences[:, width:]
     return {"input": stream}
 
 
@@ -215,7 +220,13 @@ def _stream(name: str, ids: np.ndarray, valid: np.ndarray, calls: list[slice]) -
         phase=np.full(ids.shape, "prompt", dtype=object),
         step=np.zeros(ids.shape, dtype=np.int64),
         calls=calls,
+        predicted=np.full(ids.shape, -1, dtype=np.int64),
     )
+
+
+def _argmax(logits: torch.Tensor) -> np.ndarray:
+    """[B, S, V] next-token logits → [B, S] argmax ids."""
+    return logits.argmax(dim=-1).cpu().numpy()
 
 
 # ---- tokens ---------------------------------------------------------------------------------------------
@@ -237,6 +248,7 @@ def _token_table(
         columns["token_id"].append(stream.ids[b_idx, cols])
         columns["phase"].append(stream.phase[b_idx, cols])
         columns["step"].append(stream.step[b_idx, cols])
+        columns["predicted_id"].append(stream.predicted[b_idx, cols])
     table = {name: np.concatenate(parts) for name, parts in columns.items() if name != "token"}
     table["token"] = _token_strings(loaded, table["token_id"])
     return pd.DataFrame({name: table[name] for name in TOKEN_COLUMNS}), grids

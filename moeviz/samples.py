@@ -1,0 +1,132 @@
+"""The committed held-out evaluation slices (`sample_models/eval/<domain>.txt`) and the fixed protocol
+that model cards and tests use to measure the sample models: the first `chunks` windows of `length`
+tokens of each domain, one sequence per window."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from moeviz.errors import InputError
+from moeviz.models.loading import LoadedModel, sample_models_dir
+
+DOMAINS = ("english", "python", "bible_en", "bible_es", "data")
+
+
+def eval_dir() -> Path:
+    return sample_models_dir() / "eval"
+
+
+@dataclass(frozen=True)
+class EvalBatch:
+    """token_ids [S][length] and the domain of each sequence."""
+
+    token_ids: list[list[int]]
+    domains: list[str]
+
+
+def eval_batch(loaded: LoadedModel, chunks: int = 8, length: int = 256) -> EvalBatch:
+    """Windows of the eval slices, tokenized with the model's own tokenizer."""
+    if loaded.tokenizer is None:
+        raise InputError("the evaluation protocol needs a model with a tokenizer")
+    token_ids, domains = [], []
+    for domain in DOMAINS:
+        path = eval_dir() / f"{domain}.txt"
+        if not path.is_file():
+            raise InputError(f"evaluation slice {path} is missing")
+        ids = loaded.tokenizer(path.read_text(encoding="utf-8"))["input_ids"]
+        for i in range(min(chunks, len(ids) // length)):
+            token_ids.append(ids[i * length : (i + 1) * length])
+            domains.append(domain)
+    return EvalBatch(token_ids, domains)
+
+
+# ---- the measurements a sample's model card reports --------------------------------------------------
+# A layer counts as collapsed when one expert takes more than COLLAPSE_MAX_SHARE of the dispatched slots
+# or at least half of the experts receive nothing (uniform max share is 1/E).
+COLLAPSE_MAX_SHARE = 0.35
+COLLAPSE_DEAD_FRACTION = 0.5
+
+
+def parameter_counts(model) -> tuple[int, int]:
+    """(total, active per token): routed experts contribute k/E of their parameters."""
+    config = model.config
+    total = sum(p.numel() for p in model.parameters())
+    n_experts = getattr(config, "num_local_experts", None) or config.n_routed_experts
+    k = config.num_experts_per_tok
+    routed = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+    return total, int(total - routed * (1 - k / n_experts))
+
+
+def heldout_loss(loaded: LoadedModel, batch: EvalBatch) -> dict[str, float]:
+    """Mean next-token loss (nats/token) per domain on the evaluation windows."""
+    import numpy as np
+    import torch
+
+    losses: dict[str, list[float]] = {}
+    with torch.inference_mode():
+        for ids, domain in zip(batch.token_ids, batch.domains, strict=True):
+            x = torch.tensor([ids])
+            losses.setdefault(domain, []).append(loaded.model(input_ids=x, labels=x).loss.item())
+    return {domain: round(float(np.mean(values)), 4) for domain, values in losses.items()}
+
+
+def bias_stats(trace) -> list[dict]:
+    """Per biased layer: bias spread, and how often the bias changed the dispatched set vs unbiased top-k."""
+    import numpy as np
+
+    rows = []
+    for routing in trace.layers:
+        if routing.bias is None:
+            continue
+        k = routing.k
+        unbiased = np.argsort(-routing.scores, axis=1, kind="stable")[:, :k]
+        overlap = (unbiased[:, :, None] == routing.experts[:, None, :]).any(2).sum(1) / k
+        rows.append(
+            {
+                "layer": routing.layer,
+                "bias_std": round(float(routing.bias.std()), 5),
+                "bias_max_abs": round(float(np.abs(routing.bias).max()), 5),
+                "changed_selection_share": round(float((overlap < 1).mean()), 4),
+                "mean_unbiased_overlap": round(float(overlap.mean()), 4),
+            }
+        )
+    return rows
+
+
+def measure_sample(loaded: LoadedModel) -> dict:
+    """Everything a sample's card states, measured with moeviz on the committed evaluation slices."""
+    from moeviz.analysis import layer_summary_frame
+    from moeviz.analysis.specialisation import domain_specialisation_frame
+    from moeviz.capture import capture
+
+    batch = eval_batch(loaded)
+    trace = capture(loaded, token_ids=batch.token_ids)
+    summary = layer_summary_frame(trace)
+    special = domain_specialisation_frame(trace, batch.domains)
+    total, active = parameter_counts(loaded.model)
+    layers = []
+    for row, spec in zip(summary.itertuples(), special.itertuples(), strict=True):
+        collapsed = (
+            row.max_share > COLLAPSE_MAX_SHARE or row.dead_experts / row.experts >= COLLAPSE_DEAD_FRACTION
+        )
+        layers.append(
+            {
+                "layer": int(row.layer),
+                "load_entropy": round(float(row.load_entropy), 4),
+                "max_share": round(float(row.max_share), 4),
+                "dead_experts": int(row.dead_experts),
+                "collapsed": bool(collapsed),
+                "domain_mi_bits": round(float(spec.mi_bits), 4),
+                "domain_mi_null": round(float(spec.null_mean), 4),
+            }
+        )
+    return {
+        "protocol": "moeviz.samples.eval_batch(chunks=8, length=256): 8 windows of 256 tokens per domain",
+        "tokens": len(trace.tokens),
+        "parameters_total": total,
+        "parameters_active_per_token": active,
+        "heldout_loss_nats": heldout_loss(loaded, batch),
+        "layers": layers,
+        "bias": bias_stats(trace),
+    }
