@@ -137,8 +137,32 @@ def test_plain_state_dict_pickle_loads(tiny_model_dir, tmp_path):
 def test_remote_code_needs_explicit_trust(tiny_model_dir, tmp_path):
     folder = _copy(tiny_model_dir("mixtral"), tmp_path / "m")
     config = json.loads((folder / "config.json").read_text())
-    config.update(model_type="my_custom_moe", auto_map={"AutoConfig": "configuration_custom.CustomConfig"})
+    config.update(
+        model_type="my_custom_moe",
+        architectures=["MyCustomMoeForCausalLM"],
+        auto_map={"AutoConfig": "configuration_custom.CustomConfig"},
+    )
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "configuration_custom.py").write_text("raise SystemExit('remote code ran')\n")
     with pytest.raises(ModelSourceError, match="trust_remote_code"):
         moeviz.load_model(folder)
+
+
+def test_kimi_k2_format_loads_as_deepseek_v3_without_remote_code(tiny_model_dir, tmp_path):
+    """Kimi K2 folders say `model_type: kimi_k2` and ship remote code for DeepseekV3ForCausalLM."""
+    reference = moeviz.load_model(tiny_model_dir("deepseek_v3"))
+    folder = _copy(tiny_model_dir("deepseek_v3"), tmp_path / "k2")
+    config = json.loads((folder / "config.json").read_text())
+    config.update(
+        model_type="kimi_k2",
+        auto_map={"AutoConfig": "configuration_deepseek.DeepseekV3Config"},
+        architectures=["DeepseekV3ForCausalLM"],
+    )
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "configuration_deepseek.py").write_text("raise SystemExit('remote code ran')\n")
+    loaded = moeviz.load_model(folder)
+    assert loaded.info.model_type == "deepseek_v3" and "kimi_k2" in loaded.info.notes[0]
+    got = moeviz.capture(loaded, token_ids=[[5, 6, 7, 8, 9]])
+    want = moeviz.capture(reference, token_ids=[[5, 6, 7, 8, 9]])
+    for a, b in zip(got.layers, want.layers, strict=True):
+        assert (a.experts == b.experts).all() and a.bias is not None

@@ -140,6 +140,7 @@ def load_model(
     try:
         model, loading_info = auto_class.from_pretrained(
             folder,
+            config=config,
             dtype=dtype,
             local_files_only=True,
             trust_remote_code=trust_remote_code,
@@ -156,6 +157,13 @@ def load_model(
         )
     model.eval()
     sites = find_moe_sites(model)
+    notes = []
+    declared = json.loads((folder / "config.json").read_text()).get("model_type")
+    if declared != config.model_type:
+        notes.append(
+            f"config declares model_type {declared!r}; read as the built-in {config.model_type!r} "
+            "(the folder's own code was not run)"
+        )
     return LoadedModel(
         model=model,
         tokenizer=_load_tokenizer(folder, trust_remote_code),
@@ -167,6 +175,7 @@ def load_model(
             num_layers=_num_layers(config),
             num_parameters=sum(p.numel() for p in model.parameters()),
             dtype=str(dtype).removeprefix("torch."),
+            notes=notes,
         ),
         folder=folder,
         max_length=_max_length(config),
@@ -177,18 +186,40 @@ def _load_config(folder: Path, trust_remote_code: bool):
     from transformers import AutoConfig
 
     try:
-        json.loads((folder / "config.json").read_text())
+        raw = json.loads((folder / "config.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise NotAModelFolderError(f"{folder}/config.json is not valid JSON: {exc}") from exc
     try:
         return AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
     except ValueError as exc:
+        builtin = None if trust_remote_code else _builtin_config_for(raw)
+        if builtin is not None:
+            return builtin
         hint = (
             ""
             if trust_remote_code
             else " If the folder ships its own modelling code, pass trust_remote_code."
         )
         raise ModelSourceError(f"transformers cannot build the model in {folder}: {exc}.{hint}") from exc
+
+
+def _builtin_config_for(raw: dict):
+    """A config whose model_type transformers does not know but whose architecture it has built in (Kimi K2
+    ships `model_type: kimi_k2` with remote code for what is `DeepseekV3ForCausalLM`): read it with the
+    built-in config class instead of running the folder's code."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    for architecture in raw.get("architectures") or []:
+        candidates = [t for t, name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items() if name == architecture]
+        # Several model types may reuse one class (e.g. sarvam_mla): prefer the one it is named after.
+        stem = architecture.split("For")[0].lower()
+        candidates.sort(key=lambda t: t.replace("_", "").replace("-", "") != stem)
+        model_type = candidates[0] if candidates else None
+        if model_type in CONFIG_MAPPING:
+            fields = {k: v for k, v in raw.items() if k not in ("model_type", "auto_map")}
+            return CONFIG_MAPPING[model_type].from_dict(fields)
+    return None
 
 
 def _auto_class(config):
