@@ -14,6 +14,7 @@ from pathlib import Path
 from moeviz.errors import InputError, MoevizError
 
 EXIT_BAD_INPUT = 2
+EXIT_VERDICT = 3  # `report --fail-on`: the routing verdict reached the given level
 APP_SCRIPT = Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py"
 
 
@@ -33,6 +34,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--trust-remote-code", action="store_true", help="run modelling code shipped in the folder"
     )
 
+    rep = commands.add_parser("report", help="run a model and judge its routing health, layer by layer")
+    rep.add_argument("--model", required=True, help="local Hugging Face folder or sample:NAME")
+    source = rep.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", help="input text")
+    source.add_argument("--text-file", type=Path, help="file whose text is the input")
+    source.add_argument("--token-ids", help="comma-separated token ids, for models without a tokenizer")
+    source.add_argument("--corpus", type=Path, help="folder with one sub-folder (or file prefix) per domain")
+    rep.add_argument("--format", choices=["text", "json", "markdown"], default="text")
+    rep.add_argument(
+        "--fail-on",
+        choices=["warning", "collapsed"],
+        help=f"exit with code {EXIT_VERDICT} when the model verdict reaches this level",
+    )
+    rep.add_argument("--devices", type=int, help="also report expert-parallel balancedness over D devices")
+    rep.add_argument(
+        "--chunk-tokens", type=int, default=512, help="corpus: tokens per sequence (default 512)"
+    )
+    rep.add_argument(
+        "--max-chunks", type=int, default=64, help="corpus: at most this many sequences per domain"
+    )
+    rep.add_argument("--batch-size", type=int, default=8, help="corpus: sequences per forward")
+    rep.add_argument(
+        "--trust-remote-code", action="store_true", help="run modelling code shipped in the folder"
+    )
+
     app = commands.add_parser(
         "app", help="start the Streamlit app; extra arguments go to `streamlit run` (e.g. --server.port 8502)"
     )
@@ -48,6 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "capture":
             return run_capture(args)
+        if args.command == "report":
+            return run_report(args)
         return run_app(args.streamlit_args)
     except MoevizError as exc:
         print(f"moeviz: error: {exc}", file=sys.stderr)
@@ -80,6 +108,66 @@ def run_capture(args: argparse.Namespace) -> int:
         bar.update()
     print(format_summary(trace, layer_summary_frame(trace), out))
     return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+    from transformers.utils import logging as hf_logging
+
+    import moeviz
+    from moeviz.report import RENDERERS, build_report
+
+    for name in ("chunk_tokens", "max_chunks", "batch_size", "devices"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    inputs = None if args.corpus is not None else _capture_inputs(args)
+    corpus = None
+    if args.corpus is not None:
+        from moeviz.corpus import read_corpus
+
+        corpus = read_corpus(args.corpus)  # fail on a bad corpus before loading the model
+    hf_logging.disable_progress_bar()
+    loaded = moeviz.load_model(args.model, trust_remote_code=args.trust_remote_code)
+    seq_domains = None
+    if corpus is None:
+        trace = moeviz.capture(loaded, **inputs)
+    else:
+        batches, seq_domains = _corpus_batches(loaded, corpus, args)
+        traces = []
+        with tqdm(
+            total=sum(len(b) for b in batches), desc="routing corpus", unit="seq", file=sys.stderr
+        ) as bar:
+            for batch in batches:
+                traces.append(moeviz.capture(loaded, token_ids=batch))
+                bar.update(len(batch))
+        trace = moeviz.Trace.concat(traces)
+    try:
+        report = build_report(trace, seq_domains, devices=args.devices)
+    except ValueError as exc:  # e.g. experts that do not split evenly over --devices
+        raise InputError(str(exc)) from exc
+    print(RENDERERS[args.format](report))
+    return EXIT_VERDICT if args.fail_on and report.collapse.fails(args.fail_on) else 0
+
+
+def _corpus_batches(loaded, corpus, args) -> tuple[list[list[list[int]]], list[str]]:
+    """Token windows of each document (≤ --max-chunks per domain), grouped into batches of --batch-size."""
+    from moeviz.corpus import chunk_token_ids
+
+    if loaded.tokenizer is None:
+        raise InputError("--corpus needs a model with a tokenizer")
+    length = min(args.chunk_tokens, loaded.max_length or args.chunk_tokens)
+    sequences, domains, per_domain = [], [], {}
+    for doc in corpus:
+        room = args.max_chunks - per_domain.get(doc.domain, 0)
+        if room <= 0:
+            continue
+        chunks = chunk_token_ids(loaded.tokenizer(doc.text)["input_ids"], length, room)
+        per_domain[doc.domain] = per_domain.get(doc.domain, 0) + len(chunks)
+        sequences += chunks
+        domains += [doc.domain] * len(chunks)
+    batches = [sequences[i : i + args.batch_size] for i in range(0, len(sequences), args.batch_size)]
+    return batches, domains
 
 
 def _capture_inputs(args: argparse.Namespace) -> dict:

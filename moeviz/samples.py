@@ -42,12 +42,6 @@ def eval_batch(loaded: LoadedModel, chunks: int = 8, length: int = 256) -> EvalB
 
 
 # ---- the measurements a sample's model card reports --------------------------------------------------
-# A layer counts as collapsed when one expert takes more than COLLAPSE_MAX_SHARE of the dispatched slots
-# or at least half of the experts receive nothing (uniform max share is 1/E).
-COLLAPSE_MAX_SHARE = 0.35
-COLLAPSE_DEAD_FRACTION = 0.5
-
-
 def parameter_counts(model) -> tuple[int, int]:
     """(total, active per token): routed experts contribute k/E of their parameters."""
     config = model.config
@@ -96,7 +90,7 @@ def bias_stats(trace) -> list[dict]:
 
 def measure_sample(loaded: LoadedModel) -> dict:
     """Everything a sample's card states, measured with moeviz on the committed evaluation slices."""
-    from moeviz.analysis import layer_summary_frame
+    from moeviz.analysis import collapse_report, layer_summary_frame
     from moeviz.analysis.specialisation import domain_specialisation_frame
     from moeviz.capture import capture
 
@@ -104,19 +98,18 @@ def measure_sample(loaded: LoadedModel) -> dict:
     trace = capture(loaded, token_ids=batch.token_ids)
     summary = layer_summary_frame(trace)
     special = domain_specialisation_frame(trace, batch.domains)
+    verdicts = collapse_report(trace).layers
     total, active = parameter_counts(loaded.model)
     layers = []
-    for row, spec in zip(summary.itertuples(), special.itertuples(), strict=True):
-        collapsed = (
-            row.max_share > COLLAPSE_MAX_SHARE or row.dead_experts / row.experts >= COLLAPSE_DEAD_FRACTION
-        )
+    for row, spec, verdict in zip(summary.itertuples(), special.itertuples(), verdicts, strict=True):
         layers.append(
             {
                 "layer": int(row.layer),
                 "load_entropy": round(float(row.load_entropy), 4),
                 "max_share": round(float(row.max_share), 4),
                 "dead_experts": int(row.dead_experts),
-                "collapsed": bool(collapsed),
+                "verdict": str(verdict.verdict),
+                "reasons": verdict.reasons,
                 "domain_mi_bits": round(float(spec.mi_bits), 4),
                 "domain_mi_null": round(float(spec.null_mean), 4),
             }

@@ -6,6 +6,7 @@ never the model.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -133,6 +134,34 @@ class Trace:
             if routing.layer == layer and (site is None or routing.site == site):
                 return routing
         raise KeyError(f"no MoE layer {layer}{'' if site is None else f' ({site})'} in this trace")
+
+    @classmethod
+    def concat(cls, traces: list[Trace]) -> Trace:
+        """One trace from several captures of the same model (e.g. the batches of a corpus): sequences are
+        renumbered in order, each layer's rows appended."""
+        if not traces:
+            raise ValueError("nothing to concatenate")
+        token_parts, layers, offset_rows, offset_seq = [], {}, 0, 0
+        for trace in traces:
+            tokens = trace.tokens.copy()
+            tokens["seq"] += offset_seq
+            token_parts.append(tokens)
+            for routing in trace.layers:
+                layers.setdefault(routing.key, []).append((routing, offset_rows))
+            offset_rows += len(tokens)
+            offset_seq += int(trace.tokens["seq"].max()) + 1 if len(trace.tokens) else 0
+        merged = []
+        for parts in layers.values():
+            first = parts[0][0]
+            stack = lambda name, parts=parts: np.concatenate([getattr(r, name) for r, _ in parts])  # noqa: E731
+            merged.append(
+                dataclasses.replace(
+                    first,
+                    token_rows=np.concatenate([r.token_rows + off for r, off in parts]),
+                    **{n: stack(n) for n in ("logits", "scores", "selection_scores", "experts", "weights")},
+                )
+            )
+        return cls(model=traces[0].model, tokens=pd.concat(token_parts, ignore_index=True), layers=merged)
 
     @property
     def layer_keys(self) -> list[tuple[str, int]]:

@@ -2,4 +2,93 @@
 
 from moeviz.analysis.load import expert_load_frame, layer_summary_frame, load_stats
 
+# isort: split
+# balance, losses, confidence, collapse
+from moeviz.analysis.collapse import (
+    CollapseReport,
+    CollapseThresholds,
+    LayerVerdict,
+    Verdict,
+    collapse_frame,
+    collapse_report,
+    layer_verdict,
+)
+from moeviz.analysis.confidence import confidence_frame, confidence_summary_frame, layer_confidence
+from moeviz.analysis.load import (
+    BalanceStats,
+    balance_frame,
+    balance_stats,
+    expert_balance_frame,
+)
+from moeviz.analysis.losses import aux_loss, aux_loss_pooled, loss_frame, loss_stats, router_probs, z_loss
+
+# isort: split
+# specialisation, structure, checkpoint comparison
+from moeviz.analysis.compare import (
+    expert_drift_frame,
+    match_tokens,
+    routing_agreement_frame,
+    saturation_timeline,
+)
+from moeviz.analysis.specialisation import (
+    DomainSpecialisation,
+    domain_specialisation_frame,
+    expert_domain_specialisation,
+    mutual_information_bits,
+    vocabulary_specialisation_frame,
+    vocabulary_token_frame,
+)
+from moeviz.analysis.structure import (
+    coactivation_frame,
+    coactivation_matrix,
+    path_frame,
+    repetition_frame,
+    transition_frame,
+    transition_matrix,
+    uniform_repetition_baselines,
+)
+
 __all__ = ["expert_load_frame", "layer_summary_frame", "load_stats"]
+# balance, losses, confidence, collapse
+__all__ += [
+    "BalanceStats",
+    "CollapseReport",
+    "CollapseThresholds",
+    "LayerVerdict",
+    "Verdict",
+    "aux_loss",
+    "aux_loss_pooled",
+    "balance_frame",
+    "balance_stats",
+    "collapse_frame",
+    "collapse_report",
+    "confidence_frame",
+    "confidence_summary_frame",
+    "expert_balance_frame",
+    "layer_confidence",
+    "layer_verdict",
+    "loss_frame",
+    "loss_stats",
+    "router_probs",
+    "z_loss",
+]
+# specialisation, structure, checkpoint comparison
+__all__ += [
+    "DomainSpecialisation",
+    "coactivation_frame",
+    "coactivation_matrix",
+    "domain_specialisation_frame",
+    "expert_domain_specialisation",
+    "expert_drift_frame",
+    "match_tokens",
+    "mutual_information_bits",
+    "path_frame",
+    "repetition_frame",
+    "routing_agreement_frame",
+    "saturation_timeline",
+    "transition_frame",
+    "transition_matrix",
+    "uniform_repetition_baselines",
+    "vocabulary_specialisation_frame",
+    "vocabulary_token_frame",
+]

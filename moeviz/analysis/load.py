@@ -98,3 +98,248 @@ def expert_load_frame(trace: Trace) -> pd.DataFrame:
             )
         )
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+# ---- Balance: the full set of load indicators --------------------------------------------------------
+# Definitions follow shared/docs/routing-metrics.md exactly. Notation: T tokens routed by the layer, k slots
+# per token, E experts, c_e = dispatched slots of expert e (drops count for no expert), f_e = c_e / (kT).
+# Without drops f_e = c_e / Σc, so `max_share` here equals LoadStats.max_share; with drops it is smaller
+# (the dropped slots are part of the denominator, as in the doc), while LoadStats and expert_load_frame
+# keep their share-of-dispatched-slots semantics (their shares sum to 1; the charts rely on that).
+
+
+@dataclass(frozen=True)
+class BalanceStats:
+    """Load and balance of one layer (or any count vector).
+
+    counts [E] and utilisation [E] are per expert, the rest are scalars. Degenerate cases, without warnings:
+    - no token routed (T = 0): every ratio is NaN, dead_experts = 0 and dead_fraction NaN (nothing was
+      offered to any expert, so none can be called dead);
+    - tokens routed but every slot dropped (Σc = 0): utilisation and max_share are 0, dead_experts = E,
+      dead_fraction = 1, and the shape-of-the-distribution metrics (max_vio, cv, gini, jain, load_entropy,
+      effective_experts, ep_balancedness) are NaN;
+    - E = 1: load_entropy is 1 and effective_experts 1 (one expert is trivially "uniform").
+    ep_balancedness is NaN when no device count was asked for.
+    """
+
+    tokens: int  # T
+    top_k: int  # k
+    counts: np.ndarray  # [E] c_e
+    dropped: int  # slots dropped by capacity
+    utilisation: np.ndarray  # [E] u_e = c_e / (kT/E); 1 = fair share, 0 = dead
+    max_vio: float  # max c / mean c − 1
+    cv: float  # population std(c) / mean(c)
+    gini: float  # Gini coefficient of c, in [0, (E−1)/E]
+    jain: float  # (Σc)² / (E Σc²), in [1/E, 1]
+    load_entropy: float  # H(c/Σc) / log E, in [0, 1]
+    effective_experts: float  # exp(H(c/Σc)), in [1, E]
+    max_share: float  # max_e f_e = max c / (kT); uniform = 1/E, at most 1/k
+    dead_experts: int  # #{e : c_e = 0}
+    dead_fraction: float  # dead_experts / E
+    devices: int | None = None  # D for ep_balancedness
+    ep_balancedness: float = float("nan")  # mean_d L_d / max_d L_d, in (0, 1]
+
+    @property
+    def num_experts(self) -> int:
+        return len(self.counts)
+
+    @property
+    def dropped_fraction(self) -> float:
+        slots = self.tokens * self.top_k
+        return self.dropped / slots if slots else float("nan")
+
+
+def gini(counts: np.ndarray) -> float:
+    """Gini coefficient of non-negative loads [E]: Σ_ij |c_i − c_j| / (2 E Σc), via the sorted form.
+
+    0 = perfectly even, (E−1)/E = everything on one expert; NaN when Σc = 0.
+    """
+    c = np.sort(np.asarray(counts, dtype=np.float64))
+    total = c.sum()
+    if len(c) == 0 or total <= 0:
+        return float("nan")
+    ranks = np.arange(1, len(c) + 1)
+    # Σ_ij |c_i − c_j| = 2 Σ_i (2i − E − 1) c_(i) for ascending c (1-based i)
+    return float(((2 * ranks - len(c) - 1) * c).sum() / (len(c) * total))
+
+
+def jain_index(counts: np.ndarray) -> float:
+    """Jain fairness (Σc)² / (E Σc²) of loads [E]: 1 = even, 1/E = one expert; NaN when Σc = 0."""
+    c = np.asarray(counts, dtype=np.float64)
+    squares = (c * c).sum()
+    return float(c.sum() ** 2 / (len(c) * squares)) if squares > 0 else float("nan")
+
+
+def ep_balancedness(counts: np.ndarray, devices: int) -> float:
+    """Expert-parallel balancedness mean_d L_d / max_d L_d for loads [E] placed contiguously, E/D per device.
+
+    1 = every device equally busy; 1/D = one device does all the work. NaN when Σc = 0.
+    Raises ValueError unless E is a positive multiple of D.
+    """
+    c = np.asarray(counts, dtype=np.float64)
+    e = len(c)
+    if devices < 1 or e % devices:
+        raise ValueError(
+            f"expert-parallel balancedness needs the {e} experts to split evenly over the devices; "
+            f"got {devices} device(s) (E % D = {e % devices if devices >= 1 else 'n/a'})"
+        )
+    per_device = c.reshape(devices, e // devices).sum(axis=1)
+    peak = per_device.max()
+    return float(per_device.mean() / peak) if peak > 0 else float("nan")
+
+
+def balance_from_counts(
+    counts: np.ndarray, tokens: int, top_k: int, dropped: int = 0, devices: int | None = None
+) -> BalanceStats:
+    """All balance indicators from per-expert loads [E] of `tokens` tokens routed to `top_k` slots each."""
+    c = np.asarray(counts, dtype=np.int64)
+    e = len(c)
+    nan = float("nan")
+    total = int(c.sum())
+    slots = tokens * top_k
+    dead = int((c == 0).sum()) if tokens > 0 else 0
+    if tokens > 0 and slots > 0:
+        utilisation = c / (slots / e)
+        max_share = float(c.max() / slots)
+        dead_fraction = dead / e
+    else:
+        utilisation = np.full(e, nan)
+        max_share = dead_fraction = nan
+    if total > 0:
+        cf = c.astype(np.float64)
+        mean = total / e
+        p = cf[cf > 0] / total
+        entropy = max(0.0, float(-(p * np.log(p)).sum()))  # max: no "-0.00" for a single expert
+        max_vio = float(cf.max() / mean - 1.0)
+        cv = float(cf.std() / mean)
+        load_entropy = min(1.0, entropy / np.log(e)) if e > 1 else 1.0  # min: rounding above 1
+        effective = float(np.exp(entropy))
+        gini_value, jain_value = gini(c), jain_index(c)
+    else:
+        max_vio = cv = load_entropy = effective = gini_value = jain_value = nan
+    balancedness = nan
+    if devices is not None:
+        balancedness = ep_balancedness(c, devices)  # raises on E % D != 0 even without load
+    return BalanceStats(
+        tokens=int(tokens),
+        top_k=int(top_k),
+        counts=c,
+        dropped=int(dropped),
+        utilisation=utilisation,
+        max_vio=max_vio,
+        cv=cv,
+        gini=gini_value,
+        jain=jain_value,
+        load_entropy=float(load_entropy),
+        effective_experts=effective,
+        max_share=max_share,
+        dead_experts=dead,
+        dead_fraction=float(dead_fraction),
+        devices=devices,
+        ep_balancedness=balancedness,
+    )
+
+
+def balance_stats(routing: LayerRouting, devices: int | None = None) -> BalanceStats:
+    """Balance of one MoE layer; `devices` = D for expert-parallel balancedness (E % D must be 0)."""
+    return balance_from_counts(
+        expert_counts(routing),
+        tokens=len(routing.token_rows),
+        top_k=routing.k,
+        dropped=int((routing.experts < 0).sum()),
+        devices=devices,
+    )
+
+
+BALANCE_COLUMNS = [
+    "layer",
+    "site",
+    "tokens",
+    "experts",
+    "top_k",
+    "dropped",
+    "dropped_fraction",
+    "max_vio",
+    "cv",
+    "gini",
+    "jain",
+    "load_entropy",
+    "effective_experts",
+    "max_share",
+    "dead_experts",
+    "dead_fraction",
+    "min_utilisation",
+    "max_utilisation",
+    "devices",
+    "ep_balancedness",
+]
+
+
+def balance_frame(trace: Trace, devices: int | None = None) -> pd.DataFrame:
+    """One row per MoE layer (site, layer) with every balance indicator; columns BALANCE_COLUMNS.
+
+    `devices` = D adds expert-parallel balancedness (experts placed contiguously, E/D per device); a layer
+    whose E is not a multiple of D raises ValueError. See BalanceStats for the degenerate cases (NaN).
+    """
+    rows = []
+    for routing in trace.layers:
+        s = balance_stats(routing, devices)
+        empty = not np.isfinite(s.utilisation).any()
+        rows.append(
+            {
+                "layer": routing.layer,
+                "site": routing.site,
+                "tokens": s.tokens,
+                "experts": s.num_experts,
+                "top_k": s.top_k,
+                "dropped": s.dropped,
+                "dropped_fraction": s.dropped_fraction,
+                "max_vio": s.max_vio,
+                "cv": s.cv,
+                "gini": s.gini,
+                "jain": s.jain,
+                "load_entropy": s.load_entropy,
+                "effective_experts": s.effective_experts,
+                "max_share": s.max_share,
+                "dead_experts": s.dead_experts,
+                "dead_fraction": s.dead_fraction,
+                "min_utilisation": float("nan") if empty else float(s.utilisation.min()),
+                "max_utilisation": float("nan") if empty else float(s.utilisation.max()),
+                "devices": devices,
+                "ep_balancedness": s.ep_balancedness,
+            }
+        )
+    return pd.DataFrame(rows, columns=BALANCE_COLUMNS)
+
+
+EXPERT_BALANCE_COLUMNS = ["layer", "site", "expert", "count", "share", "utilisation", "dead", "device"]
+
+
+def expert_balance_frame(trace: Trace, devices: int | None = None) -> pd.DataFrame:
+    """One row per (site, layer, expert), per the doc's definitions: count c_e, share f_e = c_e / (kT),
+    utilisation c_e / (kT/E), dead (c_e = 0 with T > 0) and device (e // (E/D), -1 without `devices`).
+
+    Unlike expert_load_frame, shares are of all kT slots, so they sum to 1 − dropped fraction.
+    """
+    parts = []
+    for routing in trace.layers:
+        s = balance_stats(routing, devices)
+        e = s.num_experts
+        slots = s.tokens * s.top_k
+        share = s.counts / slots if slots else np.full(e, np.nan)
+        device = np.arange(e) // (e // devices) if devices else np.full(e, -1)
+        parts.append(
+            pd.DataFrame(
+                {
+                    "layer": routing.layer,
+                    "site": routing.site,
+                    "expert": np.arange(e),
+                    "count": s.counts,
+                    "share": share,
+                    "utilisation": s.utilisation,
+                    "dead": (s.counts == 0) & (s.tokens > 0),
+                    "device": device,
+                }
+            )
+        )
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=EXPERT_BALANCE_COLUMNS)

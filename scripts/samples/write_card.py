@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import moeviz
-from moeviz.samples import COLLAPSE_DEAD_FRACTION, COLLAPSE_MAX_SHARE, measure_sample
+from moeviz.samples import measure_sample
 
 
 def card(folder: Path, stats: dict, title: str, how: str) -> str:
@@ -21,9 +21,13 @@ def card(folder: Path, stats: dict, title: str, how: str) -> str:
     training = json.loads((folder / "training.json").read_text())
     rows = "\n".join(
         f"| {r['layer']} | {r['load_entropy']:.3f} | {r['max_share']:.3f} | {r['dead_experts']} | "
-        f"{'**yes**' if r['collapsed'] else 'no'} | {r['domain_mi_bits']:.3f} (null {r['domain_mi_null']:.3f}) |"
+        f"{r['verdict']} | {r['domain_mi_bits']:.3f} (null {r['domain_mi_null']:.3f}) |"
         for r in stats["layers"]
     )
+    reasons = "\n".join(
+        f"- layer {r['layer']}: " + "; ".join(r["reasons"]) for r in stats["layers"] if r["reasons"]
+    )
+    reasons = reasons or "every layer healthy."
     losses = " · ".join(f"{d} {v:.2f}" for d, v in stats["heldout_loss_nats"].items())
     bias = ""
     if stats["bias"]:
@@ -68,10 +72,10 @@ Held-out slices: `sample_models/eval/` (licences in its LICENSES.md).
 On {stats["tokens"]:,} held-out tokens ({stats["protocol"]}). Load entropy is normalised (1 = uniform),
 max share is the largest expert's share of dispatched slots (uniform = 1/E), domain MI is the mutual
 information between a token's domain and its top-1 expert in bits (max log2 5 = 2.32; null = shuffled domains).
-A layer counts as collapsed when one expert takes more than {COLLAPSE_MAX_SHARE:.0%} of the dispatched slots or
-at least {COLLAPSE_DEAD_FRACTION:.0%} of the experts receive no token.
+Verdicts are moeviz's collapse verdicts with their default thresholds (`moeviz.analysis.CollapseThresholds`):
+{reasons}
 
-| layer | load entropy | max share | dead experts | collapsed | domain MI bits |
+| layer | load entropy | max share | dead experts | verdict | domain MI bits |
 |---|---|---|---|---|---|
 {rows}
 {bias}

@@ -1,0 +1,180 @@
+"""The routing health report: per MoE layer, the collapse verdict and the numbers behind it.
+
+Used by `moeviz report`; rendered as text (one screen), JSON (one object per layer) or Markdown.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from moeviz.analysis import balance_frame, collapse_report, expert_domain_specialisation, loss_frame
+from moeviz.analysis.collapse import CollapseReport, CollapseThresholds
+from moeviz.trace import Trace
+
+# Per-layer keys, in output order. aux_loss is the top-k Switch/GShard form, unscaled (α = 1), as
+# transformers' load_balancing_loss_func computes it: k when perfectly balanced (aux_loss_top1: 1).
+LAYER_KEYS = [
+    "layer",
+    "site",
+    "tokens",
+    "verdict",
+    "aux_loss",
+    "aux_loss_top1",
+    "z_loss",
+    "load_entropy",
+    "effective_experts",
+    "max_share",
+    "dead_fraction",
+    "maxvio",
+    "cv",
+    "gini",
+    "jain",
+    "bias_std",
+    "bias_max_abs",
+    "reasons",
+]
+
+
+@dataclass(frozen=True)
+class RoutingReport:
+    model: str
+    tokens: int
+    collapse: CollapseReport
+    layers: pd.DataFrame  # one row per MoE layer, LAYER_KEYS (+ ep_balancedness, specialised_domains)
+    domains: pd.DataFrame | None  # per (layer, site, domain) specialisation summary, when domains are known
+
+    @property
+    def verdict(self) -> str:
+        return str(self.collapse.verdict)
+
+
+def build_report(
+    trace: Trace,
+    seq_domains: Sequence[str] | None = None,
+    thresholds: CollapseThresholds | None = None,
+    devices: int | None = None,
+) -> RoutingReport:
+    collapse = collapse_report(trace, thresholds)
+    balance = balance_frame(trace, devices).set_index(["site", "layer"])
+    losses = loss_frame(trace).set_index(["site", "layer"])
+    verdicts = {(lv.site, lv.layer): lv for lv in collapse.layers}
+    domains = None
+    if seq_domains is not None:
+        domains = expert_domain_specialisation(trace, seq_domains).summary
+    rows = []
+    for routing in trace.layers:
+        key = routing.key
+        b, loss, verdict = balance.loc[key], losses.loc[key], verdicts[key]
+        row = {
+            "layer": routing.layer,
+            "site": routing.site,
+            "tokens": int(b["tokens"]),
+            "verdict": str(verdict.verdict),
+            "aux_loss": loss["aux_loss_topk"],
+            "aux_loss_top1": loss["aux_loss_top1"],
+            "z_loss": loss["z_loss"],
+            "load_entropy": b["load_entropy"],
+            "effective_experts": b["effective_experts"],
+            "max_share": b["max_share"],
+            "dead_fraction": b["dead_fraction"],
+            "maxvio": b["max_vio"],
+            "cv": b["cv"],
+            "gini": b["gini"],
+            "jain": b["jain"],
+            "bias_std": loss["bias_std"],
+            "bias_max_abs": loss["bias_max_abs"],
+            "reasons": verdict.reasons + list(verdict.notes),
+        }
+        if devices is not None:
+            row["ep_balancedness"] = b["ep_balancedness"]
+        if domains is not None:
+            mine = domains[(domains.layer == routing.layer) & (domains.site == routing.site)]
+            row["specialised_domains"] = [
+                f"{r.domain}→e{int(r.top_expert)} (DS {r.ds:.2f} vs {r.baseline:.2f})"
+                for r in mine.itertuples()
+                if r.verdict == "specialised"
+            ]
+        rows.append(row)
+    return RoutingReport(trace.model.source, len(trace.tokens), collapse, pd.DataFrame(rows), domains)
+
+
+def _clean(value):
+    """JSON-safe scalars: NaN → null, numpy → Python."""
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def render_json(report: RoutingReport) -> str:
+    layers = [{k: _clean(v) for k, v in row.items()} for row in report.layers.to_dict("records")]
+    return json.dumps(
+        {
+            "model": report.model,
+            "tokens": report.tokens,
+            "verdict": report.verdict,
+            "reasons": report.collapse.reasons,
+            "layers": layers,
+        },
+        indent=2,
+    )
+
+
+_TABLE = [
+    ("layer", "{}"),
+    ("site", "{}"),
+    ("verdict", "{}"),
+    ("aux_loss", "{:.3f}"),
+    ("z_loss", "{:.1f}"),
+    ("load_entropy", "{:.3f}"),
+    ("max_share", "{:.3f}"),
+    ("dead_fraction", "{:.2f}"),
+    ("maxvio", "{:.2f}"),
+    ("cv", "{:.2f}"),
+]
+
+
+def _cells(row) -> list[str]:
+    return [fmt.format(row[key]) if row[key] == row[key] else "–" for key, fmt in _TABLE]
+
+
+def render_text(report: RoutingReport) -> str:
+    header = [key for key, _ in _TABLE]
+    rows = [_cells(row) for row in report.layers.to_dict("records")]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))  # noqa: E731
+    out = [f"{report.model}: {report.tokens} tokens — verdict: {report.verdict.upper()}", line(header)]
+    out += [line(r) for r in rows]
+    out += [f"  {reason}" for reason in report.collapse.reasons]
+    out += [f"  note: {note}" for note in report.collapse.notes]
+    for row in report.layers.to_dict("records"):
+        if row.get("specialised_domains"):
+            out.append(f"  layer {row['layer']} specialised: " + ", ".join(row["specialised_domains"]))
+    return "\n".join(out)
+
+
+def render_markdown(report: RoutingReport) -> str:
+    header = [key for key, _ in _TABLE]
+    out = [
+        f"## Routing report: `{report.model}`",
+        "",
+        f"{report.tokens} tokens. Verdict: **{report.verdict}**.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    out += ["| " + " | ".join(_cells(row)) + " |" for row in report.layers.to_dict("records")]
+    if report.collapse.reasons:
+        out += ["", *[f"- {reason}" for reason in report.collapse.reasons]]
+    return "\n".join(out)
+
+
+RENDERERS = {"text": render_text, "json": render_json, "markdown": render_markdown}
