@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.moeviz-installed
 export HF_HUB_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup app test lint bench chromium
+.PHONY: setup app run test lint bench chromium samples
 
 setup: $(STAMP)
 
@@ -26,6 +26,14 @@ chromium:
 app: setup
 	$(VENV)/bin/moeviz app
 
+run: app
+
+# Rebuild the sample models from scratch (~25 min on 2 cores; not part of the tests).
+samples: setup
+	$(PY) scripts/samples/build_corpus.py
+	$(PY) scripts/samples/train_tokenizer.py
+	$(PY) scripts/samples/train_all.py
+
 test: setup chromium
 	$(VENV)/bin/ruff check moeviz app tests scripts benchmarks
 	$(VENV)/bin/ruff format --check moeviz app tests scripts benchmarks
@@ -37,3 +45,4 @@ lint: setup
 
 bench: setup
 	$(PY) benchmarks/bench_capture_overhead.py
+	$(PY) benchmarks/bench_analysis.py

@@ -16,9 +16,10 @@ import streamlit as st
 
 import moeviz
 from moeviz.errors import ModelSourceError
+from moeviz.models.loading import DEFAULT_SAMPLE
 
 SAMPLE_PREFIX = "sample:"
-FALLBACK_MODEL = "sample:tiny-mixtral"
+FALLBACK_MODEL = DEFAULT_SAMPLE
 LOCAL_FOLDER = "Local folder…"
 EXAMPLE_PROMPT = (
     "The for statement is used to iterate over the elements of a sequence (such as a string, tuple or list)."
@@ -37,7 +38,7 @@ def model_roots() -> list[Path] | None:
 
 
 def default_model() -> str:
-    """`MOEVIZ_DEFAULT_MODEL` if set, else the tiny Mixtral sample."""
+    """`MOEVIZ_DEFAULT_MODEL` if set, else the healthy Mixtral sample."""
     return os.environ.get("MOEVIZ_DEFAULT_MODEL", "").strip() or FALLBACK_MODEL
 
 

@@ -77,7 +77,7 @@ def main() -> None:
         f"repeats: {args.repeats} (interleaved)"
     )
     for name, loaded in (
-        ("sample:tiny-mixtral", moeviz.load_model("sample:tiny-mixtral")),
+        ("sample:mixtral-healthy", moeviz.load_model("sample:mixtral-healthy")),
         ("mid-size", mid_size_mixtral()),
     ):
         plain, captured = measure(loaded, args.tokens, args.repeats)

@@ -1,7 +1,7 @@
 """moeviz: a microscope for Mixture-of-Experts language models.
 
 import moeviz
-loaded = moeviz.load_model("sample:tiny-mixtral")
+loaded = moeviz.load_model("sample:mixtral-healthy")
 trace = moeviz.capture(loaded, "The quick brown fox")
 trace.routing_frame()  # one row per (seq, pos, layer, rank)
 """

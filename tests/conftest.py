@@ -33,4 +33,4 @@ def tiny_model_dir(tmp_path_factory):
 def sample_model():
     import moeviz
 
-    return moeviz.load_model("sample:tiny-mixtral")
+    return moeviz.load_model("sample:mixtral-healthy")

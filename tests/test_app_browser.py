@@ -38,7 +38,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-MODEL = "sample:tiny-mixtral"
+MODEL = "sample:mixtral-healthy"
 NEW_PROMPT = "def add(a, b): return a + b"
 SCREENSHOT = Path("/tmp/moeviz_app.png")
 START_TIMEOUT_S = 90

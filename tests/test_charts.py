@@ -19,7 +19,7 @@ PROMPT = (
 
 @pytest.fixture(scope="module")
 def trace() -> moeviz.Trace:
-    return moeviz.capture(moeviz.load_model("sample:tiny-mixtral"), PROMPT)
+    return moeviz.capture(moeviz.load_model("sample:mixtral-healthy"), PROMPT)
 
 
 def chart_data(chart) -> pd.DataFrame:

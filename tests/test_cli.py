@@ -28,10 +28,10 @@ def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
 def test_capture_writes_table_and_prints_summary(tmp_path):
     out = tmp_path / "trace.parquet"
     text = "The quick brown fox jumps over the lazy dog."
-    result = run_cli("capture", "--model", "sample:tiny-mixtral", "--text", text, "--out", str(out))
+    result = run_cli("capture", "--model", "sample:mixtral-healthy", "--text", text, "--out", str(out))
     assert result.returncode == 0, result.stderr
     trace = Trace.from_parquet(out)
-    expected = moeviz.capture(moeviz.load_model("sample:tiny-mixtral"), text)
+    expected = moeviz.capture(moeviz.load_model("sample:mixtral-healthy"), text)
     for got, want in zip(trace.layers, expected.layers, strict=True):
         np.testing.assert_array_equal(got.experts, want.experts)
     # The summary's numbers, recomputed here from the published definitions.
@@ -63,7 +63,7 @@ def test_text_file_input(tmp_path):
     source.write_text("hello world from a file")
     out = tmp_path / "f.parquet"
     result = run_cli(
-        "capture", "--model", "sample:tiny-mixtral", "--text-file", str(source), "--out", str(out)
+        "capture", "--model", "sample:mixtral-healthy", "--text-file", str(source), "--out", str(out)
     )
     assert result.returncode == 0, result.stderr
     assert "".join(Trace.from_parquet(out).tokens.token) == "hello world from a file"
@@ -74,12 +74,12 @@ def test_text_file_input(tmp_path):
     [
         (["--model", "sample:nope", "--text", "hi"], "unknown sample model 'nope'"),
         (["--model", "/no/such/folder", "--text", "hi"], "does not exist"),
-        (["--model", "sample:tiny-mixtral", "--token-ids", "1,x"], "comma-separated integers"),
-        (["--model", "sample:tiny-mixtral", "--text", "   "], "--text is empty"),
-        (["--model", "sample:tiny-mixtral", "--text-file", "/no/such.txt"], "does not exist"),
-        (["--model", "sample:tiny-mixtral", "--token-ids", "1,99999"], "out of range"),
-        (["--model", "sample:tiny-mixtral", "--text", "hi", "--generate", "-1"], "--generate must be >= 0"),
-        (["--model", "sample:tiny-mixtral", "--text", "x " * 5000], "exceeds the model's context length"),
+        (["--model", "sample:mixtral-healthy", "--token-ids", "1,x"], "comma-separated integers"),
+        (["--model", "sample:mixtral-healthy", "--text", "   "], "--text is empty"),
+        (["--model", "sample:mixtral-healthy", "--text-file", "/no/such.txt"], "does not exist"),
+        (["--model", "sample:mixtral-healthy", "--token-ids", "1,99999"], "out of range"),
+        (["--model", "sample:mixtral-healthy", "--text", "hi", "--generate", "-1"], "--generate must be >= 0"),
+        (["--model", "sample:mixtral-healthy", "--text", "x " * 5000], "exceeds the model's context length"),
     ],
 )
 def test_bad_input_exits_nonzero_and_writes_nothing(tmp_path, args, message):
@@ -109,7 +109,7 @@ def test_bad_output_path(tmp_path):
     result = run_cli(
         "capture",
         "--model",
-        "sample:tiny-mixtral",
+        "sample:mixtral-healthy",
         "--text",
         "hi",
         "--out",
@@ -117,7 +117,7 @@ def test_bad_output_path(tmp_path):
     )
     assert result.returncode == 2 and "does not exist" in result.stderr
     result = run_cli(
-        "capture", "--model", "sample:tiny-mixtral", "--text", "hi", "--out", str(tmp_path / "x.csv")
+        "capture", "--model", "sample:mixtral-healthy", "--text", "hi", "--out", str(tmp_path / "x.csv")
     )
     assert result.returncode == 2 and ".parquet" in result.stderr
 

@@ -45,7 +45,7 @@ def test_config_not_json(tmp_path):
 
 
 def test_unknown_sample_lists_available():
-    with pytest.raises(UnknownSampleError, match="tiny-mixtral"):
+    with pytest.raises(UnknownSampleError, match="mixtral-healthy"):
         moeviz.load_model("sample:no-such-model")
 
 

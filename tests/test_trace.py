@@ -98,3 +98,16 @@ def test_foreign_parquet_is_rejected(tmp_path):
     junk.write_bytes(b"not parquet at all")
     with pytest.raises(TraceFormatError, match="not a readable Parquet"):
         Trace.from_parquet(junk)
+
+
+def test_concat_equals_one_batched_capture(tiny_model_dir):
+    loaded = moeviz.load_model(tiny_model_dir("qwen3_moe"))
+    seqs = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+    whole = moeviz.capture(loaded, token_ids=seqs)
+    parts = Trace.concat([moeviz.capture(loaded, token_ids=seqs[:2]), moeviz.capture(loaded, token_ids=seqs[2:])])
+    key = ["seq", "pos"]
+    pd.testing.assert_frame_equal(
+        parts.routing_frame().sort_values([*key, "layer", "rank"]).reset_index(drop=True),
+        whole.routing_frame().sort_values([*key, "layer", "rank"]).reset_index(drop=True),
+        atol=1e-5,
+    )

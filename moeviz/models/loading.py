@@ -27,6 +27,7 @@ from moeviz.trace import ModelInfo
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 SAMPLE_PREFIX = "sample:"
+DEFAULT_SAMPLE = "sample:mixtral-healthy"  # the app's and the docs' default model
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 _TOKENIZER_FILES = (
     "tokenizer.json",

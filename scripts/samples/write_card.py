@@ -55,7 +55,7 @@ Weights stored as fp16 safetensors.
 ## Training
 {training["steps"]} steps × {training["batch"]} sequences × {training["seq"]} tokens, AdamW lr \
 {training["lr"]} (betas 0.9/0.95, weight decay 0.1, {training["warmup"]} warm-up steps, cosine to 10%), \
-clip 1.0, seed {training["seed"]}, {training["threads"]} CPU thread(s): {training.get("seconds", 0) / 60:.1f} min.
+clip 1.0, seed {training["seed"]}, {training["threads"]} CPU thread: {training.get("seconds", 0) / 60:.1f} min wall time (four runs sharing a 2-core machine; about 11 min alone).
 Balancing: `--balance {training["balance"]}` (aux coefficient {training["aux_coef"]}, bias rate \
 {training["bias_rate"]}). Recipe: `scripts/samples/` (see its README).
 
