@@ -11,6 +11,7 @@ import pytest
 
 import moeviz
 from moeviz import cli
+from moeviz.models.loading import DEFAULT_SAMPLE as MODEL
 from moeviz.trace import Trace
 
 
@@ -28,10 +29,10 @@ def run_cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
 def test_capture_writes_table_and_prints_summary(tmp_path):
     out = tmp_path / "trace.parquet"
     text = "The quick brown fox jumps over the lazy dog."
-    result = run_cli("capture", "--model", "sample:mixtral-healthy", "--text", text, "--out", str(out))
+    result = run_cli("capture", "--model", MODEL, "--text", text, "--out", str(out))
     assert result.returncode == 0, result.stderr
     trace = Trace.from_parquet(out)
-    expected = moeviz.capture(moeviz.load_model("sample:mixtral-healthy"), text)
+    expected = moeviz.capture(moeviz.load_model(MODEL), text)
     for got, want in zip(trace.layers, expected.layers, strict=True):
         np.testing.assert_array_equal(got.experts, want.experts)
     # The summary's numbers, recomputed here from the published definitions.
@@ -62,9 +63,7 @@ def test_text_file_input(tmp_path):
     source = tmp_path / "in.txt"
     source.write_text("hello world from a file")
     out = tmp_path / "f.parquet"
-    result = run_cli(
-        "capture", "--model", "sample:mixtral-healthy", "--text-file", str(source), "--out", str(out)
-    )
+    result = run_cli("capture", "--model", MODEL, "--text-file", str(source), "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert "".join(Trace.from_parquet(out).tokens.token) == "hello world from a file"
 
@@ -74,12 +73,12 @@ def test_text_file_input(tmp_path):
     [
         (["--model", "sample:nope", "--text", "hi"], "unknown sample model 'nope'"),
         (["--model", "/no/such/folder", "--text", "hi"], "does not exist"),
-        (["--model", "sample:mixtral-healthy", "--token-ids", "1,x"], "comma-separated integers"),
-        (["--model", "sample:mixtral-healthy", "--text", "   "], "--text is empty"),
-        (["--model", "sample:mixtral-healthy", "--text-file", "/no/such.txt"], "does not exist"),
-        (["--model", "sample:mixtral-healthy", "--token-ids", "1,99999"], "out of range"),
-        (["--model", "sample:mixtral-healthy", "--text", "hi", "--generate", "-1"], "--generate must be >= 0"),
-        (["--model", "sample:mixtral-healthy", "--text", "x " * 5000], "exceeds the model's context length"),
+        (["--model", MODEL, "--token-ids", "1,x"], "comma-separated integers"),
+        (["--model", MODEL, "--text", "   "], "--text is empty"),
+        (["--model", MODEL, "--text-file", "/no/such.txt"], "does not exist"),
+        (["--model", MODEL, "--token-ids", "1,99999"], "out of range"),
+        (["--model", MODEL, "--text", "hi", "--generate", "-1"], "--generate must be >= 0"),
+        (["--model", MODEL, "--text", "x " * 5000], "exceeds the model's context length"),
     ],
 )
 def test_bad_input_exits_nonzero_and_writes_nothing(tmp_path, args, message):
@@ -109,16 +108,14 @@ def test_bad_output_path(tmp_path):
     result = run_cli(
         "capture",
         "--model",
-        "sample:mixtral-healthy",
+        MODEL,
         "--text",
         "hi",
         "--out",
         str(tmp_path / "no" / "x.parquet"),
     )
     assert result.returncode == 2 and "does not exist" in result.stderr
-    result = run_cli(
-        "capture", "--model", "sample:mixtral-healthy", "--text", "hi", "--out", str(tmp_path / "x.csv")
-    )
+    result = run_cli("capture", "--model", MODEL, "--text", "hi", "--out", str(tmp_path / "x.csv"))
     assert result.returncode == 2 and ".parquet" in result.stderr
 
 

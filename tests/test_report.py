@@ -11,6 +11,7 @@ import torch
 
 import moeviz
 from moeviz import cli
+from moeviz.models.loading import DEFAULT_SAMPLE as MODEL
 from moeviz.report import LAYER_KEYS
 
 REQUIRED = [
@@ -101,22 +102,17 @@ def test_corpus_report_with_domains(capsys, tmp_path):
     ]:
         (tmp_path / domain).mkdir()
         (tmp_path / domain / "a.txt").write_text(text)
-    code, out = report_json(
-        capsys, "--model", "sample:mixtral-healthy", "--corpus", str(tmp_path), "--chunk-tokens", "64"
-    )
+    code, out = report_json(capsys, "--model", MODEL, "--corpus", str(tmp_path), "--chunk-tokens", "64")
     assert code == 0
     assert all("specialised_domains" in row for row in out["layers"])
     assert out["tokens"] > 500
 
 
 def test_text_and_markdown_formats(capsys):
-    assert cli.main(["report", "--model", "sample:mixtral-healthy", "--text", "hello world, hello moe"]) == 0
+    assert cli.main(["report", "--model", MODEL, "--text", "hello world, hello moe"]) == 0
     text = capsys.readouterr().out
     assert "verdict" in text and "load_entropy" in text
-    assert (
-        cli.main(["report", "--model", "sample:mixtral-healthy", "--text", "hi there", "--format", "markdown"])
-        == 0
-    )
+    assert cli.main(["report", "--model", MODEL, "--text", "hi there", "--format", "markdown"]) == 0
     assert "| layer | site | verdict |" in capsys.readouterr().out
 
 
@@ -129,7 +125,7 @@ def test_text_and_markdown_formats(capsys):
     ],
 )
 def test_bad_report_input(capsys, args, message):
-    assert cli.main(["report", "--model", "sample:mixtral-healthy", *args]) == 2
+    assert cli.main(["report", "--model", MODEL, *args]) == 2
     assert message in capsys.readouterr().err
 
 

@@ -104,7 +104,8 @@ def test_concat_equals_one_batched_capture(tiny_model_dir):
     loaded = moeviz.load_model(tiny_model_dir("qwen3_moe"))
     seqs = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
     whole = moeviz.capture(loaded, token_ids=seqs)
-    parts = Trace.concat([moeviz.capture(loaded, token_ids=seqs[:2]), moeviz.capture(loaded, token_ids=seqs[2:])])
+    halves = [moeviz.capture(loaded, token_ids=seqs[:2]), moeviz.capture(loaded, token_ids=seqs[2:])]
+    parts = Trace.concat(halves)
     key = ["seq", "pos"]
     pd.testing.assert_frame_equal(
         parts.routing_frame().sort_values([*key, "layer", "rank"]).reset_index(drop=True),
