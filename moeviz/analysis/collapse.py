@@ -67,8 +67,8 @@ class CollapseThresholds:
     - bias std > 1 or max |bias| > 5: Megatron-Core's flags for a balancing bias that is fighting the router.
     - z-loss > 100, i.e. RMS log-partition > 10: at |logit| ≈ 8–16 bf16 resolves steps of 1/16, enough to
       move near-tied probabilities by ~6% and flip top-k decisions (the instability ST-MoE's z-loss targets).
-      Uniform zero logits give (log E)², 4.3 for E = 8 and 31 for E = 256; the healthy bundled sample
-      (tiny-mixtral) measures 37–47 on its evaluation text.
+      Uniform zero logits give (log E)², 4.3 for E = 8 and 31 for E = 256; the trained samples measure
+      6–33 on their evaluation slices (mixtral-healthy 9–13, mixtral-collapsed up to 33).
     Notes (no verdict): more than `note_dropped_fraction` of the slots dropped by capacity — the load rules
     then see the load after dropping, which capacity has already flattened.
     """
