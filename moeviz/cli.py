@@ -18,29 +18,33 @@ EXIT_VERDICT = 3  # `report --fail-on`: the routing verdict reached the given le
 APP_SCRIPT = Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py"
 
 
+def _add_model_and_input(command: argparse.ArgumentParser, corpus: bool = False) -> None:
+    """--model, --trust-remote-code and the mutually exclusive inputs shared by capture and report."""
+    command.add_argument("--model", required=True, help="local Hugging Face folder or sample:NAME")
+    command.add_argument(
+        "--trust-remote-code", action="store_true", help="run modelling code shipped in the folder"
+    )
+    source = command.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", help="input text")
+    source.add_argument("--text-file", type=Path, help="file whose text is the input")
+    source.add_argument("--token-ids", help="comma-separated token ids, for models without a tokenizer")
+    if corpus:
+        source.add_argument(
+            "--corpus", type=Path, help="folder with one sub-folder (or file name) per domain"
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="moeviz", description="A microscope for Mixture-of-Experts models.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     cap = commands.add_parser("capture", help="run a model on an input and write its routing table (Parquet)")
-    cap.add_argument("--model", required=True, help="local Hugging Face folder or sample:NAME")
-    source = cap.add_mutually_exclusive_group(required=True)
-    source.add_argument("--text", help="input text")
-    source.add_argument("--text-file", type=Path, help="file whose text is the input")
-    source.add_argument("--token-ids", help="comma-separated token ids, for models without a tokenizer")
+    _add_model_and_input(cap)
     cap.add_argument("--out", required=True, type=Path, help="output .parquet file")
     cap.add_argument("--generate", type=int, default=0, metavar="N", help="also generate N tokens (greedy)")
-    cap.add_argument(
-        "--trust-remote-code", action="store_true", help="run modelling code shipped in the folder"
-    )
 
     rep = commands.add_parser("report", help="run a model and judge its routing health, layer by layer")
-    rep.add_argument("--model", required=True, help="local Hugging Face folder or sample:NAME")
-    source = rep.add_mutually_exclusive_group(required=True)
-    source.add_argument("--text", help="input text")
-    source.add_argument("--text-file", type=Path, help="file whose text is the input")
-    source.add_argument("--token-ids", help="comma-separated token ids, for models without a tokenizer")
-    source.add_argument("--corpus", type=Path, help="folder with one sub-folder (or file prefix) per domain")
+    _add_model_and_input(rep, corpus=True)
     rep.add_argument("--format", choices=["text", "json", "markdown"], default="text")
     rep.add_argument(
         "--fail-on",
@@ -48,16 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"exit with code {EXIT_VERDICT} when the model verdict reaches this level",
     )
     rep.add_argument("--devices", type=int, help="also report expert-parallel balancedness over D devices")
-    rep.add_argument(
-        "--chunk-tokens", type=int, default=512, help="corpus: tokens per sequence (default 512)"
-    )
+    rep.add_argument("--chunk-tokens", type=int, default=512, help="corpus: tokens per sequence")
     rep.add_argument(
         "--max-chunks", type=int, default=64, help="corpus: at most this many sequences per domain"
     )
     rep.add_argument("--batch-size", type=int, default=8, help="corpus: sequences per forward")
-    rep.add_argument(
-        "--trust-remote-code", action="store_true", help="run modelling code shipped in the folder"
-    )
 
     app = commands.add_parser(
         "app", help="start the Streamlit app; extra arguments go to `streamlit run` (e.g. --server.port 8502)"
