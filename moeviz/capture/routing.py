@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 
+from moeviz.attention.build import build_attention
+from moeviz.capture.attention import recording_attention
 from moeviz.capture.hooks import Recorder, recording
 from moeviz.errors import CaptureError, InputError, PromptTooLongError
 from moeviz.models.decoding import (
@@ -48,19 +51,29 @@ def capture(
     *,
     token_ids: Sequence[Sequence[int]] | Sequence[int] | None = None,
     generate: int = 0,
+    attention: bool = False,
 ) -> Trace:
     """Run the model once on a batch (or `generate` new tokens) and return the routing it used.
 
     Give `texts` (needs a tokenizer) or `token_ids` (one list per sequence). Padding is masked out. With
     `generate > 0`, greedy decoding runs for up to that many tokens; the prompt's routing comes from the
     prefill forward (step 0), each generated token's from the step that fed it back.
+
+    With `attention=True` (one forward, decoder-only models), the post-RoPE queries and keys each attention
+    function received are kept too, and `trace.attention` computes exact maps and per-head summaries from
+    them on demand (see `moeviz.attention`). The model keeps its own (sdpa) attention path.
     """
     batch = _token_batch(loaded, texts, token_ids)
     _check_lengths(loaded, batch, generate)
     if generate < 0:
         raise InputError(f"generate must be >= 0, got {generate}")
     model = loaded.model
-    with recording(model, loaded.sites) as recorder, torch.inference_mode():
+    if attention and (generate or loaded.is_encoder_decoder):
+        raise InputError("attention capture covers one forward of a decoder-only model: use generate=0")
+    with ExitStack() as stack:
+        recorder = stack.enter_context(recording(model, loaded.sites))
+        attn_recorder = stack.enter_context(recording_attention(model)) if attention else None
+        stack.enter_context(torch.inference_mode())
         streams = _run(loaded, batch, generate)
     tokens, row_grids = _token_table(loaded, streams)
     layers = [_decode_site(site, i, recorder, streams, row_grids) for i, site in enumerate(loaded.sites)]
@@ -71,7 +84,14 @@ def capture(
                 f"layer {layer.layer} ({layer.site}): routing recomputed as softmax top-{layer.k} from the "
                 "router logits; the model's own dispatch could not be observed"
             )
-    return Trace(model=info, tokens=tokens, layers=layers)
+    attention_capture = None
+    if attn_recorder is not None:
+        stream = streams["input"]
+        offsets = stream.valid.argmax(axis=1)  # right padding: 0; column of each sequence's position 0
+        attention_capture = build_attention(
+            model, attn_recorder, info.num_layers, offsets, stream.valid.sum(axis=1)
+        )
+    return Trace(model=info, tokens=tokens, layers=layers, attention=attention_capture)
 
 
 # ---- input ----------------------------------------------------------------------------------------------
@@ -226,6 +246,8 @@ def _stream(name: str, ids: np.ndarray, valid: np.ndarray, calls: list[slice]) -
 
 def _argmax(logits: torch.Tensor) -> np.ndarray:
     """[B, S, V] next-token logits → [B, S] argmax ids."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return logits.numpy().argmax(-1)  # numpy's argmax is ~40x faster than torch's on CPU
     return logits.argmax(dim=-1).cpu().numpy()
 
 
