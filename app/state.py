@@ -7,16 +7,21 @@ concurrent sessions never see each other's routing. No model math here: everythi
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import altair as alt
+import pandas as pd
 import streamlit as st
 
 import moeviz
+import moeviz.charts
 from moeviz.errors import ModelSourceError
 from moeviz.models.loading import DEFAULT_SAMPLE
+from moeviz.samples import DOMAINS, eval_batch
 
 SAMPLE_PREFIX = "sample:"
 FALLBACK_MODEL = DEFAULT_SAMPLE
@@ -62,19 +67,29 @@ def model_picker() -> str:
     samples = [f"{SAMPLE_PREFIX}{name}" for name in moeviz.list_samples()]
     choices = [*samples, LOCAL_FOLDER]
     default = default_model()
-    if "model_choice" not in st.session_state:
+    if "model" not in st.session_state:  # the choice kept across page switches
         if default.startswith(SAMPLE_PREFIX):
-            st.session_state["model_choice"] = default if default in samples else choices[0]
+            st.session_state["model"] = default if default in samples else choices[0]
         else:
-            st.session_state["model_choice"] = LOCAL_FOLDER
-            st.session_state["model_folder"] = default
+            st.session_state["model"] = LOCAL_FOLDER
+            st.session_state["model_folder_kept"] = default
+    remember("model_choice", "model", choices)
     with st.sidebar:
-        choice = st.selectbox("Model", choices, key="model_choice")
+        choice = st.selectbox(
+            "Model", choices, key="model_choice", on_change=keep, args=("model_choice", "model")
+        )
         source = choice
         if choice == LOCAL_FOLDER:
             roots = model_roots()
             hint = "Any local folder." if roots is None else "Inside: " + ", ".join(map(str, roots))
-            source = st.text_input("Model folder", key="model_folder", help=f"A Hugging Face folder. {hint}")
+            st.session_state["model_folder"] = st.session_state.get("model_folder_kept", "")
+            source = st.text_input(
+                "Model folder",
+                key="model_folder",
+                help=f"A Hugging Face folder. {hint}",
+                on_change=keep,
+                args=("model_folder", "model_folder_kept"),
+            )
     try:
         return check_source(source or "")
     except ModelSourceError as exc:
@@ -111,11 +126,17 @@ def layer_options(keys: list[tuple[str, int]]) -> dict[str, tuple[str, int]]:
 
 
 def remember(widget_key: str, store_key: str, options: list) -> None:
-    """Give widget `widget_key` the value kept under `store_key` (kept across reruns and page switches),
-    or the first option when that value is not offered."""
+    """Give widget `widget_key` the value kept under `store_key` (or the first option when that value is
+    not offered). Call before the widget, which must pass `on_change=keep, args=(widget_key, store_key)`:
+    widget state does not survive a page switch, the store does."""
     kept = st.session_state.get(store_key)
-    if st.session_state.get(widget_key) not in options:
-        st.session_state[widget_key] = kept if kept in options else options[0]
+    st.session_state[store_key] = kept if kept in options else options[0]
+    st.session_state[widget_key] = st.session_state[store_key]
+
+
+def keep(widget_key: str, store_key: str) -> None:
+    """Widget callback: copy the widget's new value to its store (see `remember`)."""
+    st.session_state[store_key] = st.session_state[widget_key]
 
 
 def routing_csv(trace: moeviz.Trace) -> Callable[[], bytes]:
@@ -132,3 +153,175 @@ def routing_parquet(trace: moeviz.Trace) -> Callable[[], bytes]:
             return trace.to_parquet(Path(tmp) / "routing.parquet").read_bytes()
 
     return build
+
+
+# ---- shared prompt, selections, downloads ----------------------------------------------------------------
+def _keep_prompt() -> None:
+    st.session_state["prompt"] = st.session_state["routing_prompt"]
+
+
+def prompt_form() -> str:
+    """The prompt form, the same on every page: the submitted text is kept in `st.session_state["prompt"]`
+    (set by the submit callback, so it survives page switches) and shown again on every page."""
+    st.session_state.setdefault("prompt", EXAMPLE_PROMPT)
+    st.session_state["routing_prompt"] = st.session_state["prompt"]
+    with st.form("prompt_form"):
+        st.text_area("Prompt", key="routing_prompt", height=100)
+        st.form_submit_button(
+            "Analyse", type="primary", help="Or press Ctrl+Enter in the prompt", on_click=_keep_prompt
+        )
+    return st.session_state["prompt"]
+
+
+def pick_layer(trace: moeviz.Trace, label: str = "MoE layer") -> tuple[str, int]:
+    """Layer slider whose choice survives page switches (`st.session_state["layer"]`); → (site, layer)."""
+    layers = layer_options(trace.layer_keys)
+    remember("layer_widget", "layer", list(layers))
+    st.select_slider(label, list(layers), key="layer_widget", on_change=keep, args=("layer_widget", "layer"))
+    return layers[st.session_state["layer"]]
+
+
+def pick_expert(num_experts: int, label: str = "Expert") -> int:
+    """Expert picker whose choice survives page switches (`st.session_state["expert"]`)."""
+    options = list(range(num_experts))
+    remember("expert_widget", "expert", options)
+    st.selectbox(label, options, key="expert_widget", on_change=keep, args=("expert_widget", "expert"))
+    return int(st.session_state["expert"])
+
+
+def pick_token(options: dict[str, tuple[int, int]], clicked: tuple[int, int] | None) -> tuple[int, int]:
+    """Token picker (label → (seq, pos)); a newly clicked heatmap cell selects its token. The choice
+    survives page switches (`st.session_state["token"]`)."""
+    labels = list(options)
+    by_key = {key: label for label, key in options.items()}
+    if clicked is not None and clicked != st.session_state.get("token_clicked") and clicked in by_key:
+        st.session_state["token"] = by_key[clicked]
+    st.session_state["token_clicked"] = clicked
+    remember("token_widget", "token", labels)
+    st.selectbox(
+        "Token",
+        labels,
+        key="token_widget",
+        help="Or click a heatmap cell",
+        on_change=keep,
+        args=("token_widget", "token"),
+    )
+    return options[st.session_state["token"]]
+
+
+def clicked_token(event) -> tuple[int, int] | None:
+    """(seq, pos) of the token clicked in a selectable heatmap (`moeviz.charts.TOKEN_SELECTION`), if any."""
+    points = (event or {}).get("selection", {}).get(moeviz.charts.TOKEN_SELECTION) or []
+    if not points:
+        return None
+    point = points[0]
+    return int(point.get("seq", 0)), int(point["pos"])
+
+
+def _parquet(frame: pd.DataFrame) -> bytes:
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, index=False)
+    return buffer.getvalue()
+
+
+def table_downloads(frame: pd.DataFrame, name: str) -> None:
+    """CSV and Parquet download buttons for one table (files built only when clicked)."""
+    a, b = st.columns(2)
+    a.download_button(
+        f"{name}.csv",
+        lambda: frame.to_csv(index=False).encode(),
+        f"{name}.csv",
+        "text/csv",
+        icon="⬇",
+        on_click="ignore",
+        key=f"csv_{name}",
+    )
+    b.download_button(
+        f"{name}.parquet",
+        lambda: _parquet(frame),
+        f"{name}.parquet",
+        "application/vnd.apache.parquet",
+        icon="⬇",
+        on_click="ignore",
+        key=f"parquet_{name}",
+    )
+
+
+def _export(chart: alt.TopLevelMixin, fmt: str) -> bytes:
+    import vl_convert
+
+    spec = chart.to_dict()
+    if "facet" not in spec and "width" not in spec:
+        spec["width"] = 900  # the app fits charts to the page; a file needs a width of its own
+    if fmt == "svg":
+        return vl_convert.vegalite_to_svg(spec).encode()
+    return vl_convert.vegalite_to_png(spec, scale=2)
+
+
+def show_chart(chart: alt.TopLevelMixin, key: str, *, select: bool = False):
+    """Render a chart in a container keyed `key`, with SVG and PNG downloads below it (built on click).
+    With `select`, the page reruns on a selection and the selection event is returned."""
+    with st.container(key=key):
+        event = st.altair_chart(
+            chart, width="stretch", on_select="rerun" if select else "ignore", key=f"{key}_chart"
+        )
+    with st.popover("Save chart", icon="🖼"):
+        st.download_button(
+            "SVG",
+            lambda: _export(chart, "svg"),
+            f"{key}.svg",
+            "image/svg+xml",
+            on_click="ignore",
+            key=f"{key}_svg",
+        )
+        st.download_button(
+            "PNG",
+            lambda: _export(chart, "png"),
+            f"{key}.png",
+            "image/png",
+            on_click="ignore",
+            key=f"{key}_png",
+        )
+    return event
+
+
+# ---- corpus -------------------------------------------------------------------------------------------
+@st.cache_data(show_spinner=False, max_entries=16)
+def get_domain_trace(source: str, domain: str) -> moeviz.Trace:
+    """Routing of one domain of the sample evaluation corpus (8 windows × 256 tokens), cached."""
+    loaded = get_model(source)
+    batch = eval_batch(loaded)
+    ids = [ids for ids, d in zip(batch.token_ids, batch.domains, strict=True) if d == domain]
+    return moeviz.capture(loaded, token_ids=ids)
+
+
+def corpus_trace(source: str) -> moeviz.Trace:
+    """The evaluation corpus (all domains) routed through the model, with a progress bar per domain."""
+    bar = st.progress(0.0, text="Routing the evaluation corpus…")
+    parts = []
+    for i, domain in enumerate(DOMAINS):
+        bar.progress(i / len(DOMAINS), text=f"Routing the evaluation corpus: {domain}…")
+        try:
+            parts.append(get_domain_trace(source, domain))
+        except moeviz.MoevizError as exc:
+            bar.empty()
+            st.error(str(exc))
+            st.stop()
+    bar.empty()
+    return moeviz.Trace.concat(parts)
+
+
+def trace_for(source: str, *, corpus: bool) -> moeviz.Trace:
+    """The prompt's trace, or the evaluation corpus's when `corpus`."""
+    if corpus:
+        get_model(source)
+        return corpus_trace(source)
+    return load_or_stop(source, st.session_state.get("prompt", EXAMPLE_PROMPT))
+
+
+def toggle(label: str, store_key: str, help: str | None = None) -> bool:
+    """A toggle whose value survives page switches (`st.session_state[store_key]`)."""
+    widget_key = f"{store_key}_widget"
+    remember(widget_key, store_key, [False, True])
+    st.toggle(label, key=widget_key, help=help, on_change=keep, args=(widget_key, store_key))
+    return bool(st.session_state[store_key])

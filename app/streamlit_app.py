@@ -4,5 +4,13 @@ import streamlit as st
 
 st.set_page_config(page_title="moeviz", page_icon="🔬", layout="wide")
 
-page = st.navigation([st.Page("pages/routing.py", title="Routing", icon="🔀", default=True)])
+page = st.navigation(
+    [
+        st.Page("pages/routing.py", title="Routing", icon="🔀", default=True),
+        st.Page("pages/load.py", title="Load & collapse", icon="⚖️"),
+        st.Page("pages/structure.py", title="Structure", icon="🕸️"),
+        st.Page("pages/compare.py", title="Compare", icon="🆚"),
+        st.Page("pages/about.py", title="About the model", icon="ℹ️"),
+    ]
+)
 page.run()

@@ -123,11 +123,16 @@ class Trace:
     phase ("prompt" | "generated"), step (generation step whose forward routed it; 0 = prompt) and
     predicted_id (the model's argmax next token at this position; -1 where it was not computed, i.e. the
     prompt positions before the last one in `generate`).
+
+    `attention` (None unless captured with `attention=True`) is a `moeviz.attention.AttentionCapture`:
+    exact rows/blocks/maps and per-head summaries computed on demand. It is not written to Parquet and
+    not carried by `concat` (both give `attention=None`).
     """
 
     model: ModelInfo
     tokens: pd.DataFrame
     layers: list[LayerRouting]
+    attention: Any | None = None  # moeviz.attention.AttentionCapture (not imported: keeps Trace torch-free)
 
     def layer(self, layer: int, site: str | None = None) -> LayerRouting:
         for routing in self.layers:

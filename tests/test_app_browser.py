@@ -241,3 +241,86 @@ def test_routing_page_analyses_a_new_prompt(app_url: str, browser: Browser, load
         page.screenshot(path=str(SCREENSHOT), full_page=True)
     finally:
         page.close()
+
+
+PAGES = {  # navigation title -> (screenshot name, key of the container of the page's key chart)
+    "Load & collapse": ("load", "load_heatmap"),
+    "Structure": ("structure", "coactivation"),
+    "Compare": ("compare", "load_shift"),
+    "About the model": ("about", None),
+}
+
+
+def _open(browser: Browser, app_url: str) -> Page:
+    page = browser.new_page(viewport={"width": 1400, "height": 1700}, accept_downloads=True)
+    page.goto(app_url, wait_until="domcontentloaded")
+    page.locator(".st-key-routing_prompt textarea").wait_for(timeout=RENDER_TIMEOUT_S * 1000)
+    return page
+
+
+def _marks(page: Page, key: str) -> int:
+    return page.locator(f'.st-key-{key} [aria-roledescription="rect mark"]').count()
+
+
+def test_clicking_a_cell_opens_its_token(app_url: str, browser: Browser, loaded) -> None:
+    page = _open(browser, app_url)
+    try:
+        example = page.locator(".st-key-routing_prompt textarea").input_value()
+        assert_heatmap_shows(page, expected_cells(loaded, example, 0), "layer 0 of the example prompt")
+        wait_until_idle(page)
+        tokens = moeviz.capture(loaded, example).tokens
+        label = token_label(int(tokens["pos"].iloc[5]), tokens["token"].iloc[5])
+        cell = page.locator(
+            f'.st-key-heatmap [aria-roledescription="rect mark"][aria-label^="label: {label}; "]'
+        ).first
+        cell.scroll_into_view_if_needed()
+        cell.click(force=True)
+        title = page.locator(".st-key-token_scores")  # its chart title names the token
+
+        def shown() -> str:
+            return title.text_content() or ""
+
+        deadline = time.monotonic() + RENDER_TIMEOUT_S
+        while f"Scores of '{label}'" not in shown() and time.monotonic() < deadline:
+            page.wait_for_timeout(250)
+        assert f"Scores of '{label}'" in shown(), f"the drill-down never opened {label!r}"
+        wait_until_idle(page)
+        assert _marks(page, "token_scores") == len(moeviz.capture(loaded, example).layer_keys) * 8
+        page.screenshot(path="/tmp/moeviz_routing.png", full_page=True)
+    finally:
+        page.close()
+
+
+def test_pages_render_and_a_csv_download_matches_the_library(app_url: str, browser: Browser, loaded) -> None:
+    import io
+
+    import pandas as pd
+
+    from moeviz.analysis import expert_balance_frame
+
+    page = _open(browser, app_url)
+    try:
+        example = page.locator(".st-key-routing_prompt textarea").input_value()
+        trace = moeviz.capture(loaded, example)
+        for title, (name, key) in PAGES.items():
+            page.get_by_role("link", name=title).click()
+            page.get_by_role("heading", level=1).filter(has_text=title.split(" ")[0]).wait_for(
+                timeout=RENDER_TIMEOUT_S * 1000
+            )
+            if key is not None:
+                page.locator(f'.st-key-{key} [aria-roledescription$="mark"]').first.wait_for(
+                    timeout=RENDER_TIMEOUT_S * 1000
+                )
+            wait_until_idle(page)
+            errors = page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]')
+            assert errors.count() == 0, errors.first.inner_text()
+            if name == "load":
+                assert _marks(page, "load_heatmap") == len(trace.layer_keys) * 8
+                with page.expect_download() as download:
+                    page.get_by_role("button", name="expert_load.csv").click()
+                shown = pd.read_csv(io.BytesIO(Path(download.value.path()).read_bytes()))
+                expected = expert_balance_frame(trace)
+                pd.testing.assert_frame_equal(shown, expected.reset_index(drop=True), check_dtype=False)
+            page.screenshot(path=f"/tmp/moeviz_{name}.png", full_page=True)
+    finally:
+        page.close()

@@ -1,32 +1,38 @@
-"""Routing: which experts each token of a prompt was sent to, layer by layer."""
+"""Routing: which experts each token of a prompt was sent to, layer by layer, and one token in detail."""
 
 import state
 import streamlit as st
 
-from moeviz.analysis import expert_load_frame, layer_summary_frame
-from moeviz.charts import expert_load_chart, router_score_heatmap, token_window
+from moeviz.analysis import confidence_frame, expert_load_frame, layer_summary_frame
+from moeviz.charts import (
+    binned_dispatch_heatmap,
+    expert_load_chart,
+    expert_timeline_chart,
+    router_score_heatmap,
+    stack_scores,
+    token_layer_scores_chart,
+    token_margin_chart,
+    token_options,
+    token_path_chart,
+    token_strip_chart,
+    token_window,
+)
 
 MAX_TOKENS = 400  # tokens per heatmap window
 
 st.title("Routing")
 source = state.model_picker()
-
-with st.form("prompt_form"):
-    text = st.text_area("Prompt", value=state.EXAMPLE_PROMPT, key="routing_prompt", height=100)
-    st.form_submit_button("Analyse", type="primary", help="Or press Ctrl+Enter in the prompt")
-
+text = state.prompt_form()
 trace = state.load_or_stop(source, text)
 keys = trace.layer_keys
 if not keys:
     st.warning("The model routed no token through an MoE layer.")
     st.stop()
 
-layers = state.layer_options(keys)  # label -> (site, layer)
-state.remember("routing_layer_widget", "routing_layer", list(layers))
-st.session_state["routing_layer"] = st.select_slider("MoE layer", list(layers), key="routing_layer_widget")
-site, layer = layers[st.session_state["routing_layer"]]
-
+site, layer = state.pick_layer(trace)
+routing = trace.layer(layer, site)
 scores = trace.scores_frame(layer, site)
+routing_rows = trace.routing_frame()
 num_tokens = int(scores["row"].nunique())
 summary = layer_summary_frame(trace).set_index(["site", "layer"]).loc[(site, layer)]
 st.caption(
@@ -36,24 +42,43 @@ st.caption(
 
 start = 0
 if num_tokens > MAX_TOKENS:
+    st.info(f"{num_tokens} tokens: the overview below is binned; the detailed views show a window.")
+    state.show_chart(
+        binned_dispatch_heatmap(scores, title=f"Dispatch over the whole input, layer {layer}"), "binned"
+    )
     start = st.slider("First token shown", 0, num_tokens - MAX_TOKENS, 0, step=max(MAX_TOKENS // 4, 1))
 lo, hi = token_window(num_tokens, max_tokens=MAX_TOKENS, start=start)
 
-with st.container(key="heatmap"):
-    st.altair_chart(
-        router_score_heatmap(scores, max_tokens=MAX_TOKENS, start=lo, title=f"Router scores, layer {layer}"),
-        width="stretch",
-    )
+layer_rows = routing_rows[(routing_rows["layer"] == layer) & (routing_rows["site"] == site)]
+state.show_chart(
+    token_strip_chart(
+        layer_rows,
+        num_experts=routing.num_experts,
+        max_tokens=MAX_TOKENS,
+        start=lo,
+        title=f"Tokens by top-1 expert, layer {layer}",
+    ),
+    "strip",
+)
 st.caption(
-    f"Colour = router score = {trace.layer(layer, site).score_fn}(router logits), before top-k. "
+    "Each token is coloured by the expert with the largest combination weight at this layer; hover for it."
+)
+
+event = state.show_chart(
+    router_score_heatmap(scores, max_tokens=MAX_TOKENS, start=lo, title=f"Router scores, layer {layer}"),
+    "heatmap",
+    select=True,
+)
+st.caption(
+    f"Colour = router score = {routing.score_fn}(router logits), before top-k. "
     "● = expert the token was dispatched to; hover a cell for its logit and the combination weight the "
-    "model used (0 where not dispatched)."
+    "model used (0 where not dispatched). Click a cell to open its token below."
 )
 
 load = expert_load_frame(trace).query("layer == @layer and site == @site")
 left, right = st.columns([3, 2])
-with left, st.container(key="load"):
-    st.altair_chart(expert_load_chart(load, title=f"Expert load, layer {layer}"), width="stretch")
+with left:
+    state.show_chart(expert_load_chart(load, title=f"Expert load, layer {layer}"), "load")
 with right:
     a, b, c = st.columns(3)
     a.metric("Load entropy", f"{summary['load_entropy']:.2f}", help="H(load) / log E; 1 = perfectly even")
@@ -81,3 +106,42 @@ with right:
         icon="⬇",
         on_click="ignore",
     )
+
+st.subheader("One expert across layers")
+expert = state.pick_expert(routing.num_experts)
+all_scores = stack_scores({key: trace.scores_frame(key[1], key[0]) for key in keys})
+state.show_chart(
+    expert_timeline_chart(all_scores[all_scores["site"] == site], expert, max_tokens=MAX_TOKENS, start=lo),
+    "timeline",
+)
+st.caption(
+    "Colour = this expert's router score for each token at each MoE layer; ● = the token was sent to it."
+)
+
+st.subheader("One token in detail", anchor="token")
+seq, pos = state.pick_token(token_options(trace.tokens), state.clicked_token(event))
+mine = all_scores[(all_scores["seq"] == seq) & (all_scores["pos"] == pos)]
+confidence = confidence_frame(trace)
+mine_conf = confidence[(confidence["seq"] == seq) & (confidence["pos"] == pos)]
+with st.container(key="drilldown"):
+    c1, c2, c3 = st.columns(3)
+    with c1:
+        state.show_chart(
+            token_layer_scores_chart(mine, title=f"Scores of {st.session_state['token']!r}"), "token_scores"
+        )
+        st.caption("Router scores of this token at every MoE layer; ● = dispatched.")
+    with c2:
+        path = routing_rows[(routing_rows["seq"] == seq) & (routing_rows["pos"] == pos)]
+        state.show_chart(token_path_chart(path), "token_path")
+        st.caption(
+            "Its experts layer by layer; dot size = combination weight, dashed line joins the top-1 experts."
+        )
+    with c3:
+        state.show_chart(token_margin_chart(mine_conf), "token_margin")
+        st.caption(
+            "Top-k margin m = (min_{e∈S} p − max_{e∉S} p) / min_{e∈S} p: how far the weakest chosen expert "
+            "beat the best rejected one (0 = a tie decided it)."
+        )
+    st.dataframe(mine_conf, hide_index=True)
+    state.table_downloads(mine_conf, "token_confidence")
+st.info("Attention rows for this token will appear here once attention capture lands.", icon="ℹ")

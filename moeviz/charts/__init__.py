@@ -1,5 +1,49 @@
 """Charts: one small pure function per view, a frame in, an `alt.Chart` out (no Streamlit, no torch)."""
 
-from moeviz.charts.routing import expert_load_chart, router_score_heatmap, token_label, token_window
+from moeviz.charts.about import bias_chart
+from moeviz.charts.binning import bin_rows, bin_size, binned_dispatch_heatmap
+from moeviz.charts.compare import agreement_chart, load_shift_heatmap
+from moeviz.charts.load import UNIFORM_VALUE, balance_chart, load_heatmap
+from moeviz.charts.routing import (
+    TOKEN_SELECTION,
+    expert_load_chart,
+    expert_timeline_chart,
+    router_score_heatmap,
+    token_label,
+    token_layer_scores_chart,
+    token_margin_chart,
+    token_path_chart,
+    token_strip_chart,
+    token_window,
+)
+from moeviz.charts.structure import coactivation_heatmap, path_chart, repetition_chart, transition_heatmaps
+from moeviz.charts.tables import dead_hot_experts, stack_scores, token_options
 
-__all__ = ["expert_load_chart", "router_score_heatmap", "token_label", "token_window"]
+__all__ = [
+    "TOKEN_SELECTION",
+    "UNIFORM_VALUE",
+    "agreement_chart",
+    "balance_chart",
+    "bias_chart",
+    "bin_rows",
+    "bin_size",
+    "binned_dispatch_heatmap",
+    "coactivation_heatmap",
+    "dead_hot_experts",
+    "expert_load_chart",
+    "expert_timeline_chart",
+    "load_heatmap",
+    "load_shift_heatmap",
+    "path_chart",
+    "repetition_chart",
+    "router_score_heatmap",
+    "stack_scores",
+    "token_label",
+    "token_layer_scores_chart",
+    "token_margin_chart",
+    "token_options",
+    "token_path_chart",
+    "token_strip_chart",
+    "token_window",
+    "transition_heatmaps",
+]

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 DOT = "●"
+TOKEN_SELECTION = "token"  # name of the heatmap's click selection
 # Fill the width a host gives the chart, but keep the height for the plot (axis labels add to it).
 _FIT_WIDTH = alt.AutoSizeParams(type="fit-x", contains="padding")
 _VISIBLE_WHITESPACE = str.maketrans({" ": "␣", "\n": "↵", "\t": "→", "\r": "␍"})
@@ -33,6 +34,7 @@ def router_score_heatmap(
     max_tokens: int = 400,
     start: int = 0,
     title: str | None = None,
+    selectable: bool = True,
 ) -> alt.LayerChart:
     """Token × expert heatmap of router scores of one layer, dispatched experts marked with a dot.
 
@@ -46,6 +48,9 @@ def router_score_heatmap(
     Long inputs are windowed, never sent whole: only token rows [start, start + max_tokens) are kept (see
     `token_window`; `start` is clamped so a full window is shown), so a chart carries at most
     max_tokens × experts cells. The subtitle says which window is shown.
+
+    With `selectable`, clicking a cell selects its token: a point selection named `token` over the
+    fields seq and pos (`TOKEN_SELECTION`), for hosts that react to selections.
     """
     rows = scores_frame["row"].to_numpy()
     num_tokens = int(rows.max()) + 1 if len(rows) else 0
@@ -96,6 +101,10 @@ def router_score_heatmap(
             "score:Q", scale=alt.Scale(scheme="blues", zero=True), legend=alt.Legend(title="score")
         ),
     )
+    if selectable:
+        cells_layer = cells_layer.add_params(
+            alt.selection_point(name=TOKEN_SELECTION, fields=["seq", "pos"], on="click", clear="dblclick")
+        )
     dot_size = 11 if hi - lo <= 80 else 8 if hi - lo <= 200 else 6  # fewer, wider cells take a bigger dot
     dots = base.transform_filter("datum.dispatched").mark_text(text=DOT, color="#e4572e", fontSize=dot_size)
     return alt.layer(cells_layer, dots).properties(
@@ -133,3 +142,210 @@ def expert_load_chart(load_frame: pd.DataFrame, *, title: str | None = None) -> 
         .encode(y="mean(count):Q", tooltip=[alt.Tooltip("mean(count):Q", format=".1f", title="fair share")])
     )
     return alt.layer(bars, fair).properties(title=title or "Expert load", height=220, autosize=_FIT_WIDTH)
+
+
+# ---- tokens × routing: strip, timeline, drill-down ------------------------------------------------------
+STRIP_WIDTH = 16  # tokens per line of the token strip
+
+
+def _labelled(frame: pd.DataFrame) -> list[str]:
+    multi_seq = frame["seq"].nunique() > 1
+    return [
+        token_label(p, t, s if multi_seq else None)
+        for s, p, t in zip(frame["seq"], frame["pos"], frame["token"], strict=True)
+    ]
+
+
+def token_strip_chart(
+    routing_rows: pd.DataFrame,
+    *,
+    num_experts: int,
+    max_tokens: int = 400,
+    start: int = 0,
+    per_line: int = STRIP_WIDTH,
+    title: str | None = None,
+) -> alt.LayerChart:
+    """The prompt as a strip of tokens, each coloured by its top-1 expert at one layer.
+
+    Input: the rows of `Trace.routing_frame()` for one (layer, site): columns seq, pos, token, rank, expert,
+    weight (one row per dispatched slot; rank 0 = the slot with the largest weight, expert -1 = dropped).
+    A token whose every slot was dropped is grey. Tokens wrap after `per_line`; at most `max_tokens`
+    tokens (window [start, start + max_tokens) in input order) are drawn, two marks per token.
+    """
+    tokens = routing_rows.drop_duplicates(["seq", "pos"]).sort_values(["seq", "pos"])[["seq", "pos", "token"]]
+    top1 = routing_rows[routing_rows["rank"] == 0].drop_duplicates(["seq", "pos"])
+    data = tokens.merge(top1[["seq", "pos", "expert", "weight"]], on=["seq", "pos"], how="left")
+    data = data.reset_index(drop=True)
+    lo, hi = token_window(len(data), max_tokens=max_tokens, start=start)
+    data = data.iloc[lo:hi].reset_index(drop=True)
+    data["expert"] = data["expert"].fillna(-1).astype(int)
+    data["weight"] = data["weight"].fillna(0.0).astype(float)
+    data["label"] = _labelled(data)
+    data["text"] = data["token"].astype(str).str.translate(_VISIBLE_WHITESPACE).str.slice(0, 10)
+    data["slot"] = np.arange(len(data)) % per_line
+    data["line"] = np.arange(len(data)) // per_line + lo // per_line
+    data["top1"] = np.where(data["expert"] >= 0, data["expert"].astype(str), "dropped")
+    domain = [str(e) for e in range(num_experts)] + ["dropped"]
+    colour = alt.Color(
+        "top1:N",
+        legend=alt.Legend(title="top-1 expert", orient="bottom", direction="horizontal", columns=18),
+        scale=alt.Scale(domain=domain, scheme="tableau20" if num_experts > 10 else "tableau10"),
+        sort=domain,
+    )
+    base = alt.Chart(data).encode(
+        x=alt.X("slot:O", axis=None),
+        y=alt.Y("line:O", axis=None),
+        tooltip=[
+            alt.Tooltip("label:N", title="token"),
+            alt.Tooltip("top1:N", title="top-1 expert"),
+            alt.Tooltip("weight:Q", format=".3f", title="its weight"),
+        ],
+    )
+    boxes = base.mark_rect(stroke="white", strokeWidth=2, cornerRadius=3).encode(color=colour)
+    text = base.mark_text(fontSize=12, color="black").encode(text="text:N")
+    lines = int(data["line"].nunique()) if len(data) else 1
+    shown = (
+        f"tokens {lo}–{hi - 1} of {len(tokens)}" if (lo, hi) != (0, len(tokens)) else f"{len(tokens)} tokens"
+    )
+    return alt.layer(boxes, text).properties(
+        title=alt.Title(title or "Tokens by top-1 expert", subtitle=shown),
+        height=min(28 * lines, 900),
+        autosize=_FIT_WIDTH,
+    )
+
+
+def expert_timeline_chart(
+    all_scores: pd.DataFrame,
+    expert: int,
+    *,
+    max_tokens: int = 400,
+    start: int = 0,
+    title: str | None = None,
+) -> alt.LayerChart:
+    """Layer × token heatmap of one expert's router score, dots where the token was dispatched to it.
+
+    Input: `Trace.scores_frame(layer, site)` of every layer stacked with a `layer` column (see
+    `moeviz.charts.stack_scores`): columns layer, seq, pos, token, expert, score, dispatched. Only the
+    rows of `expert` are drawn, tokens windowed to [start, start + max_tokens) of the input order
+    (at most max_tokens × layers cells).
+    """
+    rows = all_scores[all_scores["expert"] == expert]
+    order = rows[["seq", "pos"]].drop_duplicates().sort_values(["seq", "pos"]).reset_index(drop=True)
+    lo, hi = token_window(len(order), max_tokens=max_tokens, start=start)
+    keep = order.iloc[lo:hi].assign(order=np.arange(lo, hi))
+    data = rows.merge(keep, on=["seq", "pos"])
+    data = pd.DataFrame(
+        {
+            "order": data["order"].to_numpy(),
+            "label": _labelled(data),
+            "layer": data["layer"].to_numpy(),
+            "score": data["score"].to_numpy(dtype=np.float64),
+            "dispatched": data["dispatched"].to_numpy(dtype=bool),
+        }
+    )
+    base = alt.Chart(data).encode(
+        x=alt.X(
+            "label:N",
+            sort=alt.EncodingSortField(field="order", op="min"),
+            axis=alt.Axis(title="token (pos:token)", labelAngle=-90, labelLimit=90, labelOverlap=True),
+        ),
+        y=alt.Y("layer:O", title="MoE layer"),
+        tooltip=[
+            alt.Tooltip("label:N", title="token"),
+            alt.Tooltip("layer:O"),
+            alt.Tooltip("score:Q", format=".4f"),
+            alt.Tooltip("dispatched:N"),
+        ],
+    )
+    cells = base.mark_rect().encode(
+        color=alt.Color("score:Q", scale=alt.Scale(scheme="purples", zero=True), title="score")
+    )
+    dots = base.transform_filter("datum.dispatched").mark_text(text=DOT, color="#e4572e", fontSize=9)
+    num_layers = int(data["layer"].nunique()) if len(data) else 1
+    return alt.layer(cells, dots).properties(
+        title=alt.Title(
+            title or f"Expert {expert}: router score at every layer", subtitle=f"{hi - lo} tokens"
+        ),
+        height=min(max(24 * num_layers, 80), 600),
+        autosize=_FIT_WIDTH,
+    )
+
+
+def token_layer_scores_chart(token_scores: pd.DataFrame, *, title: str | None = None) -> alt.LayerChart:
+    """One token's router scores at every layer: layer × expert heatmap, dispatched experts dotted.
+
+    Input: the stacked scores frame (see `expert_timeline_chart`) filtered to one token: columns layer,
+    expert, score, weight, dispatched.
+    """
+    data = token_scores[["layer", "expert", "score", "weight", "dispatched"]].reset_index(drop=True)
+    data = data.astype({"score": np.float64, "weight": np.float64, "dispatched": bool})
+    base = alt.Chart(data).encode(
+        x=alt.X("expert:O", axis=alt.Axis(labelAngle=0)),
+        y=alt.Y("layer:O", title="MoE layer"),
+        tooltip=[
+            alt.Tooltip("layer:O"),
+            alt.Tooltip("expert:O"),
+            alt.Tooltip("score:Q", format=".4f"),
+            alt.Tooltip("weight:Q", format=".4f"),
+            alt.Tooltip("dispatched:N"),
+        ],
+    )
+    cells = base.mark_rect().encode(
+        color=alt.Color("score:Q", scale=alt.Scale(scheme="blues", zero=True), title="score")
+    )
+    dots = base.transform_filter("datum.dispatched").mark_text(text=DOT, color="#e4572e", fontSize=12)
+    layers = int(data["layer"].nunique()) if len(data) else 1
+    return alt.layer(cells, dots).properties(
+        title=title or "Scores at every layer", height=min(max(26 * layers, 80), 600), autosize=_FIT_WIDTH
+    )
+
+
+def token_path_chart(token_routing: pd.DataFrame, *, title: str | None = None) -> alt.LayerChart:
+    """One token's experts across layers: a dot per dispatched (layer, expert), sized by weight, the top-1
+    experts joined by a line.
+
+    Input: the rows of `Trace.routing_frame()` for one token: columns layer, rank, expert, weight
+    (expert -1 = dropped slot, not drawn).
+    """
+    data = token_routing[token_routing["expert"] >= 0][["layer", "rank", "expert", "weight"]]
+    data = data.reset_index(drop=True).astype({"weight": np.float64})
+    base = alt.Chart(data).encode(
+        x=alt.X("layer:O", title="MoE layer", axis=alt.Axis(labelAngle=0)),
+        y=alt.Y("expert:Q", title="expert", axis=alt.Axis(tickMinStep=1)),
+    )
+    line = base.transform_filter("datum.rank == 0").mark_line(color="#888", strokeDash=[4, 3])
+    dots = base.mark_circle(opacity=0.9).encode(
+        size=alt.Size("weight:Q", scale=alt.Scale(domain=[0, 1], range=[30, 500]), title="weight"),
+        color=alt.Color("rank:O", title="rank", scale=alt.Scale(scheme="viridis")),
+        tooltip=[
+            alt.Tooltip("layer:O"),
+            alt.Tooltip("rank:O"),
+            alt.Tooltip("expert:Q"),
+            alt.Tooltip("weight:Q", format=".3f"),
+        ],
+    )
+    return alt.layer(line, dots).properties(title=title or "Expert path", height=220, autosize=_FIT_WIDTH)
+
+
+def token_margin_chart(token_confidence: pd.DataFrame, *, title: str | None = None) -> alt.Chart:
+    """One token's top-k margin per layer as bars (0 = a near tie decided the set, 1 = clear choice).
+
+    Input: the rows of `moeviz.analysis.confidence_frame(trace)` for one token: columns layer, margin,
+    entropy_norm, top1_score.
+    """
+    data = token_confidence[["layer", "margin", "entropy_norm", "top1_score"]].reset_index(drop=True)
+    return (
+        alt.Chart(data.astype(np.float64).astype({"layer": int}))
+        .mark_bar()
+        .encode(
+            x=alt.X("layer:O", title="MoE layer", axis=alt.Axis(labelAngle=0)),
+            y=alt.Y("margin:Q", scale=alt.Scale(domain=[0, 1]), title="top-k margin"),
+            tooltip=[
+                alt.Tooltip("layer:O"),
+                alt.Tooltip("margin:Q", format=".3f"),
+                alt.Tooltip("entropy_norm:Q", format=".3f", title="entropy / log E"),
+                alt.Tooltip("top1_score:Q", format=".3f", title="top-1 p"),
+            ],
+        )
+        .properties(title=title or "Top-k margin", height=220, autosize=_FIT_WIDTH)
+    )

@@ -1,0 +1,68 @@
+"""Compare: two models or checkpoints on the same text, side by side and as differences."""
+
+import state
+import streamlit as st
+
+import moeviz
+from moeviz.analysis import expert_balance_frame, expert_drift_frame, match_tokens, routing_agreement_frame
+from moeviz.charts import agreement_chart, load_heatmap, load_shift_heatmap
+
+st.title("Compare")
+source = state.model_picker()
+samples = [f"{state.SAMPLE_PREFIX}{name}" for name in moeviz.list_samples()]
+choices = list(dict.fromkeys([source, *samples]))
+defaults = {"compare_a": source, "compare_b": "sample:mixtral-unbalanced"}
+for key, default in defaults.items():
+    if st.session_state.get(key) not in choices:
+        st.session_state[key] = default if default in choices else choices[-1]
+left, right = st.columns(2)
+source_a = left.selectbox("Model A", choices, key="compare_a")
+source_b = right.selectbox(
+    "Model B (the reference)", choices, key="compare_b", help="e.g. the final checkpoint"
+)
+st.caption("Checkpoints of a series (mixtral-healthy-series/step-…) compare training stages of one model.")
+text = state.prompt_form()
+trace_a = state.load_or_stop(source_a, text)
+trace_b = state.load_or_stop(source_b, text)
+
+left, right = st.columns(2)
+with left:
+    state.show_chart(load_heatmap(expert_balance_frame(trace_a), title=f"A: {source_a}"), "load_a")
+with right:
+    state.show_chart(load_heatmap(expert_balance_frame(trace_b), title=f"B: {source_b}"), "load_b")
+st.caption("Utilisation c_e / (kT/E) per layer and expert in each model (white = fair share).")
+
+try:
+    match_tokens(trace_a, trace_b)
+except ValueError:
+    st.warning(
+        "The two models split this text into different tokens (different tokenizers or vocabularies), so "
+        "their routing cannot be compared token by token: only the side-by-side load above is meaningful."
+    )
+    st.stop()
+
+try:
+    agreement = routing_agreement_frame(trace_a, trace_b)
+    drift = expert_drift_frame(trace_a, trace_b)
+except ValueError as exc:  # no common MoE layer, or different expert counts
+    st.warning(
+        f"The two models' routers cannot be aligned layer by layer ({exc}): only the load is compared."
+    )
+    st.stop()
+
+st.subheader("Differences")
+state.show_chart(agreement_chart(agreement), "agreement")
+st.caption(
+    "Per layer, over the same tokens: top-k overlap (saturation) = mean_t |Sᵃ_t ∩ Sᵇ_t| / |Sᵇ_t|; "
+    "same top-1 = share of tokens whose top-1 expert agrees; Jaccard = mean_t |Sᵃ ∩ Sᵇ| / |Sᵃ ∪ Sᵇ|. "
+    "1 = identical routing; for checkpoints, saturation near 1 means the router had already settled."
+)
+state.table_downloads(agreement, "agreement")
+
+state.show_chart(load_shift_heatmap(drift), "load_shift")
+st.caption(
+    "Load change c_e(B) − c_e(A) in tokens; hover for retained = |Tᵃ_e ∩ Tᵇ_e| / |Tᵃ_e| (of A's tokens, "
+    "the share B still sends to e) and drift = 1 − Jaccard of the two token sets. Expert ids only mean the "
+    "same thing across checkpoints of one run, not across independently trained models."
+)
+state.table_downloads(drift, "load_shift")

@@ -1,0 +1,6 @@
+"""Attention patterns per token: exact maps on demand and per-head summaries in linear memory."""
+
+from moeviz.attention.build import build_attention
+from moeviz.attention.maps import SUMMARY_COLUMNS, AttentionCapture, AttentionLayer
+
+__all__ = ["SUMMARY_COLUMNS", "AttentionCapture", "AttentionLayer", "build_attention"]

@@ -1,0 +1,222 @@
+"""Thread-aware attention recording at the attention-function boundary transformers exposes.
+
+Every softmax-attention module in transformers 5.x resolves its kernel through
+`ALL_ATTENTION_FUNCTIONS.get_interface(impl, default_eager)` and calls it with the post-RoPE query and key,
+the mask, `scaling`, `sliding_window` and (GPT-OSS) `s_aux` sinks. While at least one attention capture
+runs, `get_interface` is wrapped: on a thread with an active recorder it returns a thin wrapper that keeps
+*references* to the query and key, reduces the mask to one allowed key interval per query row, then calls
+the original function (sdpa stays sdpa, eager stays eager). On any other thread it returns the original
+function untouched, so concurrent sessions neither mix nor pay. Nothing recorded grows with T²: queries and
+keys are [B, H, T, D], intervals [B, T].
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+_active = threading.local()
+_patch_lock = threading.Lock()
+_patch_users = 0
+_ROW_CHUNK = 1024  # query rows per step when reducing a [B, 1, T, S] mask to intervals (bounded temp memory)
+
+
+@dataclass
+class AttentionCall:
+    """One call of one attention module, as the attention function received it.
+
+    query [B, H, T, Dk] and key [B, Hkv, S, Dk] post-RoPE (references, not copies); lo/hi [B, T] inclusive
+    allowed key columns per query row (hi < lo: nothing allowed); sinks [H] logits or None.
+    """
+
+    module: str
+    layer: int
+    query: torch.Tensor
+    key: torch.Tensor
+    value_dim: int
+    lo: torch.Tensor
+    hi: torch.Tensor
+    scaling: float
+    sinks: torch.Tensor | None
+    softcap: float | None
+    sliding_window: int | None
+    implementation: str
+
+
+@dataclass
+class AttentionRecorder:
+    """Attention calls seen on this thread, in call order, for the modules of one model."""
+
+    modules: dict[int, tuple[str, int]]
+    calls: list[AttentionCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    _mask_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+
+def _layer_of(name: str, module: nn.Module) -> int:
+    index = getattr(module, "layer_idx", None)
+    if isinstance(index, int):
+        return index
+    match = re.search(r"\.(\d+)(\.|$)", name)
+    return int(match.group(1)) if match else -1
+
+
+def attention_modules(model: nn.Module) -> dict[int, tuple[str, int]]:
+    """id(module) -> (qualified name, decoder layer index) for every module of the model."""
+    return {id(m): (name, _layer_of(name, m)) for name, m in model.named_modules()}
+
+
+def mask_intervals(
+    mask: torch.Tensor | None, batch: int, q_len: int, k_len: int, causal_if_none: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reduce an attention mask to one allowed key interval per query row.
+
+    `mask` is None or [B|1, 1, T, S] (bool: True = attend; float: 0 = attend, large negative = blocked).
+    Returns lo, hi [B, T] int64 (inclusive). Causal, sliding-window, chunked and padding masks are all
+    intervals per row; anything else (e.g. a position bias folded into the mask) raises ValueError.
+    """
+    if mask is None:
+        rows = torch.arange(q_len)
+        # Causal rows are bottom-right aligned, as sdpa/eager do with a cache prefix.
+        hi = rows + (k_len - q_len) if causal_if_none else torch.full((q_len,), k_len - 1)
+        return torch.zeros(batch, q_len, dtype=torch.long), hi.expand(batch, q_len).clone()
+    if mask.dim() != 4 or mask.shape[1] != 1:
+        raise ValueError(f"attention mask of shape {list(mask.shape)}; expected [B, 1, T, S]")
+    lo = torch.empty(mask.shape[0], q_len, dtype=torch.long)
+    hi = torch.empty_like(lo)
+    cols = None
+    for start in range(0, q_len, _ROW_CHUNK):
+        part = mask[:, 0, start : start + _ROW_CHUNK]
+        if part.dtype == torch.bool:
+            allowed = part
+        else:
+            allowed = part == 0
+            if bool(((~allowed) & (part > -1e4)).any()):
+                raise ValueError("additive attention mask carries a bias, not only 0/-inf: not an interval")
+        count = allowed.sum(-1)
+        first = allowed.to(torch.uint8).argmax(-1)
+        last = part.shape[-1] - 1 - allowed.flip(-1).to(torch.uint8).argmax(-1)
+        if cols is None:
+            cols = part.shape[-1]
+        ok = (count == 0) | (count == last - first + 1)
+        if not bool(ok.all()):
+            raise ValueError("attention mask rows are not contiguous key intervals")
+        empty = count == 0
+        lo[:, start : start + part.shape[1]] = torch.where(empty, 0, first)
+        hi[:, start : start + part.shape[1]] = torch.where(empty, -1, last)
+    if lo.shape[0] != batch:
+        lo, hi = lo.expand(batch, -1).clone(), hi.expand(batch, -1).clone()
+    return lo, hi
+
+
+def _wrap(original: Callable, implementation: str, recorder: AttentionRecorder) -> Callable:
+    is_sdpa_like = implementation != "eager"
+
+    def recording_attention(module: nn.Module, query, key, value, attention_mask, *args, **kwargs):
+        where = recorder.modules.get(id(module))
+        if where is not None:
+            try:
+                _record(recorder, where, module, query, key, value, attention_mask, is_sdpa_like, kwargs)
+            except ValueError as exc:  # record why, never break the model's forward
+                recorder.errors.append(f"{where[0]}: {exc}")
+        return original(module, query, key, value, attention_mask, *args, **kwargs)
+
+    return recording_attention
+
+
+def _record(recorder, where, module, query, key, value, mask, is_sdpa_like, kwargs) -> None:
+    batch, _, q_len, _ = query.shape
+    k_len = key.shape[2]
+    is_causal = kwargs.get("is_causal")
+    is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    # With no mask, sdpa/flash apply `is_causal` (only for T > 1); eager applies no mask at all.
+    causal_if_none = bool(is_sdpa_like and is_causal and q_len > 1)
+    if mask is not None and not torch.is_tensor(mask):
+        raise ValueError(f"mask of type {type(mask).__name__} (flex/paged attention) is not supported")
+    # Layers share one mask object per forward: reduce each once.
+    cache_key = (
+        (None, batch, q_len, k_len, causal_if_none)
+        if mask is None
+        else (id(mask), mask.data_ptr(), tuple(mask.shape), batch)
+    )
+    intervals = recorder._mask_cache.get(cache_key)
+    if intervals is None:
+        intervals = mask_intervals(mask, batch, q_len, k_len, causal_if_none)
+        recorder._mask_cache[cache_key] = intervals
+    sinks = kwargs.get("s_aux")
+    softcap = kwargs.get("softcap")
+    window = kwargs.get("sliding_window")
+    recorder.calls.append(
+        AttentionCall(
+            module=where[0],
+            layer=where[1],
+            query=query.detach(),
+            key=key.detach(),
+            value_dim=int(value.shape[-1]),
+            lo=intervals[0],
+            hi=intervals[1],
+            scaling=float(
+                kwargs.get("scaling") if kwargs.get("scaling") is not None else query.shape[-1] ** -0.5
+            ),
+            sinks=None if sinks is None else sinks.detach().float().reshape(-1).clone(),
+            softcap=None if softcap is None else float(softcap),
+            sliding_window=None if window is None else int(window),
+            implementation="sdpa" if is_sdpa_like else "eager",
+        )
+    )
+
+
+def _patched_get_interface(self, attn_implementation: str, default: Callable) -> Callable:
+    original = type(self).get_interface(self, attn_implementation, default)
+    recorder = getattr(_active, "recorder", None)
+    if recorder is None:
+        return original
+    return _wrap(original, attn_implementation or "eager", recorder)
+
+
+def _interface():
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS
+
+
+@contextmanager
+def recording_attention(model: nn.Module) -> Iterator[AttentionRecorder]:
+    """Record every attention-function call of `model` on this thread for the duration of the block.
+
+    The wrapper on `ALL_ATTENTION_FUNCTIONS.get_interface` is reference-counted across threads and removed
+    by the last user, also when the block raises.
+    """
+    global _patch_users
+    recorder = AttentionRecorder(modules=attention_modules(model))
+    registry = _interface()
+    with _patch_lock:
+        if _patch_users == 0:
+            # An instance attribute shadows the class method for this (shared, global) registry only.
+            registry.get_interface = _patched_get_interface.__get__(registry)
+        _patch_users += 1
+    previous = getattr(_active, "recorder", None)
+    _active.recorder = recorder
+    try:
+        yield recorder
+    finally:
+        _active.recorder = previous
+        with _patch_lock:
+            _patch_users -= 1
+            if _patch_users == 0:
+                registry.__dict__.pop("get_interface", None)
+            recorder._mask_cache.clear()
+
+
+def patch_active() -> bool:
+    """True while some capture has the attention-function wrapper installed (for tests)."""
+    return "get_interface" in _interface().__dict__
+
+
+__all__ = ["AttentionCall", "AttentionRecorder", "mask_intervals", "patch_active", "recording_attention"]

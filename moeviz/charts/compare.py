@@ -1,0 +1,94 @@
+"""Comparison views of two traces of the same text: routing agreement per layer and the load shift."""
+
+from __future__ import annotations
+
+import altair as alt
+import numpy as np
+import pandas as pd
+
+from moeviz.charts.routing import _FIT_WIDTH
+
+AGREEMENT_SERIES = {
+    "saturation_topk": "top-k overlap |Sᵃ∩Sᵇ|/|Sᵇ|",
+    "saturation_top1": "same top-1",
+    "jaccard": "Jaccard |Sᵃ∩Sᵇ|/|Sᵃ∪Sᵇ|",
+}
+
+
+def agreement_chart(agreement: pd.DataFrame, *, title: str | None = None) -> alt.Chart:
+    """Per layer, how much of model B's routing model A shares: grouped bars in [0, 1] (1 = identical).
+
+    Input: `moeviz.analysis.routing_agreement_frame(a, b)` (columns layer, site, tokens, saturation_topk,
+    saturation_top1, jaccard).
+    """
+    data = agreement.melt(id_vars=["site", "layer"], value_vars=list(AGREEMENT_SERIES), var_name="metric")
+    data["metric"] = data["metric"].map(AGREEMENT_SERIES)
+    data["value"] = data["value"].astype(np.float64)
+    order = list(AGREEMENT_SERIES.values())
+    return (
+        alt.Chart(data)
+        .mark_bar()
+        .encode(
+            x=alt.X("layer:O", title="MoE layer", axis=alt.Axis(labelAngle=0)),
+            xOffset=alt.XOffset("metric:N", sort=order),
+            y=alt.Y("value:Q", scale=alt.Scale(domain=[0, 1]), title="agreement"),
+            color=alt.Color("metric:N", sort=order, title=None),
+            tooltip=[alt.Tooltip("layer:O"), alt.Tooltip("metric:N"), alt.Tooltip("value:Q", format=".3f")],
+        )
+        .properties(title=title or "Routing agreement (A vs B)", height=220, autosize=_FIT_WIDTH)
+    )
+
+
+def load_shift_heatmap(drift: pd.DataFrame, *, title: str | None = None) -> alt.Chart:
+    """Layer × expert heatmap of the change in load from A to B (tokens), white = unchanged.
+
+    Input: `moeviz.analysis.expert_drift_frame(a, b)` (columns layer, site, expert, load_a, load_b,
+    load_change, share_a, share_b, retained, drift). Red = B sends the expert more tokens, blue = fewer;
+    the scale is symmetric around 0. Tooltip adds the share of A's tokens B keeps (retained) and drift.
+    """
+    data = drift[
+        [
+            "site",
+            "layer",
+            "expert",
+            "load_a",
+            "load_b",
+            "load_change",
+            "share_a",
+            "share_b",
+            "retained",
+            "drift",
+        ]
+    ].copy()
+    data = data.astype(
+        {"share_a": np.float64, "share_b": np.float64, "retained": np.float64, "drift": np.float64}
+    )
+    limit = float(np.abs(data["load_change"]).max()) if len(data) else 1.0
+    layers = int(data["layer"].nunique()) if len(data) else 1
+    return (
+        alt.Chart(data)
+        .mark_rect(stroke="white", strokeWidth=0.5)
+        .encode(
+            x=alt.X("expert:O", axis=alt.Axis(labelAngle=0)),
+            y=alt.Y("layer:O", title="MoE layer"),
+            color=alt.Color(
+                "load_change:Q",
+                scale=alt.Scale(
+                    scheme="redblue", reverse=True, domain=[-max(limit, 1), max(limit, 1)], domainMid=0
+                ),
+                title="Δ tokens (B − A)",
+            ),
+            tooltip=[
+                alt.Tooltip("layer:O"),
+                alt.Tooltip("expert:O"),
+                alt.Tooltip("load_a:Q", title="tokens in A"),
+                alt.Tooltip("load_b:Q", title="tokens in B"),
+                alt.Tooltip("load_change:Q", title="B − A"),
+                alt.Tooltip("retained:Q", format=".2f", title="A's tokens kept"),
+                alt.Tooltip("drift:Q", format=".2f", title="drift (1 − Jaccard)"),
+            ],
+        )
+        .properties(
+            title=title or "Load shift A → B", height=min(max(26 * layers, 100), 700), autosize=_FIT_WIDTH
+        )
+    )

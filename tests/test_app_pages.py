@@ -1,0 +1,79 @@
+"""Every page renders without exceptions (Streamlit AppTest) on the default sample and on DeepSeek-V3."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+REPO = Path(__file__).resolve().parents[1]
+APP = REPO / "app" / "streamlit_app.py"
+PAGES = ["pages/routing.py", "pages/load.py", "pages/structure.py", "pages/compare.py", "pages/about.py"]
+MODELS = ["sample:mixtral-healthy", "sample:deepseek-v3-bias"]
+TIMEOUT_S = 60
+
+
+@pytest.fixture(autouse=True)
+def _app_env(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("MOEVIZ_MODEL_DIRS", raising=False)
+    monkeypatch.delenv("MOEVIZ_DEFAULT_MODEL", raising=False)
+    monkeypatch.syspath_prepend(str(REPO / "app"))  # pages `import state`, as under `streamlit run`
+
+
+def run_page(page: str, model: str, **state) -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S)
+    at.session_state["model"] = model
+    for key, value in state.items():
+        at.session_state[key] = value
+    at.switch_page(page).run()
+    assert not at.exception, [e.value for e in at.exception]
+    errors = [e.value for e in at.error]
+    assert not errors, errors
+    return at
+
+
+def chart_count(at: AppTest) -> int:
+    return len(at.get("vega_lite_chart"))
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("page", PAGES)
+def test_page_renders(page: str, model: str) -> None:
+    at = run_page(page, model)
+    assert at.title[0].value
+    assert chart_count(at) >= 1 or page == "pages/about.py"
+    if model.endswith("deepseek-v3-bias") and page == "pages/about.py":
+        assert chart_count(at) == 1  # the balancing-bias chart
+        assert any(m.label == "Top-k" and m.value == "4" for m in at.metric)
+
+
+def test_load_page_runs_over_the_corpus() -> None:
+    at = run_page("pages/load.py", MODELS[0], use_corpus=True)
+    caption = " ".join(c.value for c in at.caption)
+    assert "10240 tokens" in caption
+
+
+def test_compare_explains_a_different_tokenizer(tmp_path) -> None:
+    # two checkpoints of the series share the tokenizer: the differences are shown
+    at = run_page(
+        "pages/compare.py",
+        MODELS[0],
+        compare_a="sample:mixtral-healthy-series/step-00100",
+        compare_b="sample:mixtral-healthy-series/step-01000",
+    )
+    assert chart_count(at) == 4  # load A, load B, agreement, load shift
+    assert not at.warning
+
+
+def test_selections_survive_a_page_switch() -> None:
+    at = run_page("pages/routing.py", MODELS[0])
+    at.select_slider(key="layer_widget").set_value("2").run()
+    at.selectbox(key="expert_widget").set_value(5).run()
+    at.switch_page("pages/structure.py").run()
+    assert at.select_slider(key="layer_widget").value == "2"
+    at.switch_page("pages/routing.py").run()
+    assert at.select_slider(key="layer_widget").value == "2"
+    assert at.selectbox(key="expert_widget").value == 5
+    assert not at.exception

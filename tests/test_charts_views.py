@@ -1,0 +1,191 @@
+"""Snapshot-style tests of the view charts' Vega-Lite specs, and binning that keeps totals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import moeviz
+from moeviz import analysis
+from moeviz.architecture import bias_frame, parameter_summary
+from moeviz.charts import (
+    agreement_chart,
+    balance_chart,
+    bias_chart,
+    bin_rows,
+    binned_dispatch_heatmap,
+    coactivation_heatmap,
+    dead_hot_experts,
+    expert_timeline_chart,
+    load_heatmap,
+    load_shift_heatmap,
+    path_chart,
+    repetition_chart,
+    stack_scores,
+    token_layer_scores_chart,
+    token_margin_chart,
+    token_path_chart,
+    token_strip_chart,
+    transition_heatmaps,
+)
+from moeviz.samples import parameter_counts
+
+PROMPT = (
+    "The for statement is used to iterate over the elements of a sequence (such as a string, tuple or list)."
+)
+
+
+@pytest.fixture(scope="module")
+def trace(sample_model) -> moeviz.Trace:
+    return moeviz.capture(sample_model, PROMPT)
+
+
+@pytest.fixture(scope="module")
+def stacked(trace) -> pd.DataFrame:
+    return stack_scores({key: trace.scores_frame(key[1], key[0]) for key in trace.layer_keys})
+
+
+def data_of(spec: dict) -> pd.DataFrame:
+    (values,) = spec["datasets"].values()
+    return pd.DataFrame(values)
+
+
+def marks(spec: dict) -> list[str]:
+    layers = spec.get("layer") or [spec.get("spec", spec)]
+    return [layer["mark"]["type"] if isinstance(layer["mark"], dict) else layer["mark"] for layer in layers]
+
+
+def test_token_strip_colours_each_token_by_its_top1_expert(trace):
+    routing = trace.layer(1)
+    frame = trace.routing_frame().query("layer == 1")
+    spec = token_strip_chart(frame, num_experts=routing.num_experts).to_dict()
+    assert marks(spec) == ["rect", "text"]
+    assert spec["layer"][0]["encoding"]["color"]["field"] == "top1"
+    data = data_of(spec)
+    assert len(data) == len(trace.tokens)
+    assert data["top1"].tolist() == [str(e) for e in routing.experts[:, 0]]
+    windowed = data_of(token_strip_chart(frame, num_experts=8, max_tokens=5, start=3).to_dict())
+    assert windowed["pos"].tolist() == [3, 4, 5, 6, 7]
+
+
+def test_expert_timeline_is_layers_by_tokens_of_one_expert(trace, stacked):
+    spec = expert_timeline_chart(stacked, 3).to_dict()
+    assert marks(spec) == ["rect", "text"]
+    assert spec["layer"][0]["encoding"]["y"]["field"] == "layer"
+    data = data_of(spec)
+    assert len(data) == len(trace.layer_keys) * len(trace.tokens)
+    for site, layer in trace.layer_keys:
+        routing = trace.layer(layer, site)
+        got = data[data["layer"] == layer].sort_values("order")
+        np.testing.assert_allclose(got["score"], routing.scores[:, 3], rtol=1e-6)
+        assert got["dispatched"].tolist() == (routing.experts == 3).any(1).tolist()
+
+
+def test_token_drilldown_charts(trace, stacked):
+    mine = stacked[(stacked["seq"] == 0) & (stacked["pos"] == 4)]
+    data = data_of(token_layer_scores_chart(mine).to_dict())
+    assert len(data) == len(trace.layer_keys) * 8
+    assert data["dispatched"].sum() == len(trace.layer_keys) * 2
+    rf = trace.routing_frame().query("seq == 0 and pos == 4")
+    path = token_path_chart(rf).to_dict()
+    assert marks(path) == ["line", "circle"]
+    assert len(data_of(path)) == len(trace.layer_keys) * 2
+    conf = analysis.confidence_frame(trace).query("pos == 4")
+    margin = token_margin_chart(conf).to_dict()
+    assert margin["mark"]["type"] == "bar" and margin["encoding"]["y"]["field"] == "margin"
+    np.testing.assert_allclose(data_of(margin)["margin"], conf["margin"])
+
+
+def test_load_heatmap_is_centred_on_the_fair_share(trace):
+    frame = analysis.expert_balance_frame(trace)
+    spec = load_heatmap(frame).to_dict()
+    scale = spec["encoding"]["color"]["scale"]
+    assert spec["mark"]["type"] == "rect" and scale["domainMid"] == 0 and scale["domain"] == [-3, 3]
+    data = data_of(spec)
+    assert len(data) == len(trace.layer_keys) * 8
+    fair = data[np.isclose(data["utilisation"], 1.0)]
+    assert np.allclose(fair["log2_util"], 0.0)
+
+
+def test_balance_chart_draws_the_uniform_reference(trace):
+    spec = balance_chart(analysis.balance_frame(trace), "max_share").to_dict()
+    assert marks(spec) == ["bar", "tick"]
+    assert np.allclose(data_of(spec)["uniform"], 1 / 8)
+    with pytest.raises(ValueError):
+        balance_chart(analysis.balance_frame(trace), "tokens")
+
+
+def test_structure_charts(trace):
+    coact = analysis.coactivation_frame(trace).query("layer == 0")
+    spec = coactivation_heatmap(coact).to_dict()
+    assert spec["title"]["subtitle"] == "all pairs of S_t"
+    assert len(data_of(spec)) == 8 * 7  # diagonal left out
+    adjacent = analysis.coactivation_frame(trace, adjacent_only=True).query("layer == 0")
+    assert "rank-adjacent" in coactivation_heatmap(adjacent).to_dict()["title"]["subtitle"]
+    trans = transition_heatmaps(analysis.transition_frame(trace)).to_dict()
+    assert trans["spec"]["mark"]["type"] == "rect" and trans["facet"]["field"] == "pair"
+    assert len(data_of(trans)) == 3 * 8 * 8
+    rep = analysis.repetition_frame(trace)
+    rep_spec = repetition_chart(rep).to_dict()
+    rep_data = data_of(rep_spec)
+    assert len(rep_data) == 3 * len(rep)
+    observed = rep_data[rep_data["series"] == "observed"].sort_values("layer")["p"]
+    np.testing.assert_allclose(observed, rep["top1_repeat"])
+    paths = analysis.path_frame(trace, top_n=5)
+    assert data_of(path_chart(paths).to_dict())["count"].tolist() == paths["count"].tolist()
+
+
+def test_compare_charts_against_itself(trace):
+    agreement = data_of(agreement_chart(analysis.routing_agreement_frame(trace, trace)).to_dict())
+    assert np.allclose(agreement["value"], 1.0)
+    drift = analysis.expert_drift_frame(trace, trace)
+    shift = data_of(load_shift_heatmap(drift).to_dict())
+    assert (shift["load_change"] == 0).all() and len(shift) == len(drift)
+
+
+def test_bias_chart_and_parameters():
+    loaded = moeviz.load_model("sample:deepseek-v3-bias")
+    trace = moeviz.capture(loaded, "def add(a, b): return a + b")
+    bias = bias_frame(trace)
+    assert len(bias) == len(trace.layers) * 16
+    spec = bias_chart(bias).to_dict()
+    assert spec["spec"]["mark"]["type"] == "bar" and spec["facet"]["row"]["field"] == "layer"
+    np.testing.assert_allclose(data_of(spec)["bias"], np.concatenate([r.bias for r in trace.layers]))
+    params = parameter_summary(loaded.model)
+    assert (params["total"], params["active"]) == parameter_counts(loaded.model)
+    assert (params["experts"], params["top_k"]) == (16, 4)
+
+
+def test_dead_hot_experts(trace):
+    frame = analysis.expert_balance_frame(trace)
+    flagged = dead_hot_experts(frame, hot_factor=2.5)
+    assert set(flagged.query("status == 'dead'")["count"]) <= {0}
+    assert (flagged.query("status == 'hot'")["utilisation"] > 2.5).all()
+    assert len(flagged) == int(frame["dead"].sum() + (frame["utilisation"] > 2.5).sum())
+
+
+def test_binning_keeps_totals():
+    rng = np.random.default_rng(0)
+    tokens, experts = 5003, 16
+    frame = pd.DataFrame(
+        {
+            "row": np.repeat(np.arange(tokens), experts),
+            "expert": np.tile(np.arange(experts), tokens),
+            "score": rng.random(tokens * experts),
+            "dispatched": rng.random(tokens * experts) < 0.25,
+        }
+    )
+    binned = bin_rows(frame.astype({"dispatched": int}), sums=["dispatched", "score"], max_bins=200)
+    assert binned["bin"].nunique() <= 200
+    assert binned["dispatched"].sum() == frame["dispatched"].sum()
+    assert binned["score"].sum() == pytest.approx(frame["score"].sum())
+    per_expert = binned.groupby("expert")["dispatched"].sum()
+    assert per_expert.tolist() == frame.groupby("expert")["dispatched"].sum().tolist()
+    assert binned.groupby("bin")["tokens"].first().sum() == tokens
+    # the chart ships at most max_bins × experts cells, and still every dispatch
+    data = data_of(binned_dispatch_heatmap(frame, max_bins=200).to_dict())
+    assert len(data) <= 200 * experts
+    assert data["dispatched"].sum() == frame["dispatched"].sum()
+    small = bin_rows(frame[frame["row"] < 50], max_bins=200, sums=["score"])
+    assert len(small) == 50 * experts  # no binning when it already fits
