@@ -57,6 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-chunks", type=int, default=64, help="corpus: at most this many sequences per domain"
     )
     rep.add_argument("--batch-size", type=int, default=8, help="corpus: sequences per forward")
+    rep.add_argument(
+        "--checkpoints",
+        metavar="DIR|A,B,C",
+        help="checkpoint timeline of a series on --corpus instead of one model (see `moeviz report "
+        "--checkpoints DIR --corpus PATH --help`)",
+    )
+
+    from moeviz.store.cli import add_trace_parser
+
+    add_trace_parser(commands)
 
     app = commands.add_parser(
         "app", help="start the Streamlit app; extra arguments go to `streamlit run` (e.g. --server.port 8502)"
@@ -69,8 +79,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["app"] and not {"-h", "--help"} & set(argv[1:2]):
         return run_app(argv[1:])  # everything after `app` belongs to Streamlit, flags included
+    if argv[:1] == ["report"] and any(a == "--checkpoints" or a.startswith("--checkpoints=") for a in argv):
+        from moeviz.store.cli import run_checkpoint_report
+
+        try:
+            return run_checkpoint_report(argv[1:])
+        except MoevizError as exc:
+            print(f"moeviz: error: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "trace":
+            from moeviz.store.cli import run_trace
+
+            return run_trace(args)
         if args.command == "capture":
             return run_capture(args)
         if args.command == "report":

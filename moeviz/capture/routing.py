@@ -63,7 +63,7 @@ def capture(
     function received are kept too, and `trace.attention` computes exact maps and per-head summaries from
     them on demand (see `moeviz.attention`). The model keeps its own (sdpa) attention path.
     """
-    batch = _token_batch(loaded, texts, token_ids)
+    batch = token_batch(loaded, texts, token_ids)
     _check_lengths(loaded, batch, generate)
     if generate < 0:
         raise InputError(f"generate must be >= 0, got {generate}")
@@ -95,7 +95,8 @@ def capture(
 
 
 # ---- input ----------------------------------------------------------------------------------------------
-def _token_batch(loaded: LoadedModel, texts, token_ids) -> list[list[int]]:
+def token_batch(loaded: LoadedModel, texts, token_ids) -> list[list[int]]:
+    """Validated token ids, one list per sequence, from texts (tokenized) or token ids."""
     if (texts is None) == (token_ids is None):
         raise InputError("give exactly one of texts or token_ids")
     if texts is not None:

@@ -1,0 +1,132 @@
+"""Why this expert? Attribution of a router's choice over the prompt, and what-if routing controls."""
+
+import state
+import streamlit as st
+
+import moeviz
+from moeviz.attribution import router_attribution
+from moeviz.charts.attribution import attribution_strip_chart, importance_chart
+from moeviz.interventions import DisableExpert, ForceExpert, NextBest, counterfactual, expert_importance
+
+st.title("Why this expert?")
+source = state.model_picker()
+prompt = state.prompt_form()
+trace = state.load_or_stop(source, prompt)
+loaded = state.get_model(source)
+tokens = trace.tokens[trace.tokens["seq"] == 0]
+options = {f"{int(p)}: {t!r}": (0, int(p)) for p, t in zip(tokens["pos"], tokens["token"], strict=True)}
+_, pos = state.pick_token(options, None)
+site, layer = state.pick_layer(trace)
+routing = trace.layer(layer, site)
+row = int(tokens.index[tokens["pos"] == pos][0])
+chosen = [int(e) for e in routing.experts[list(routing.token_rows).index(row)] if e >= 0]
+expert = state.pick_expert(routing.num_experts, label=f"Expert (dispatched here: {chosen})")
+ids = [int(i) for i in tokens["token_id"]]
+results = st.session_state.setdefault("why_results", {})
+
+st.subheader("Which tokens drove the router?")
+a, b, c = st.columns(3)
+target = a.selectbox("Router value", ["score", "logit"], help="score: softmax/sigmoid probability")
+baseline = b.selectbox(
+    "Baseline", ["pad", "zero"], help="What a token is replaced by: the pad embedding or 0"
+)
+steps = c.select_slider("IG steps", [16, 32, 64, 128], value=32)
+key = ("attr", source, tuple(ids), pos, site, layer, expert, target, baseline, steps)
+if st.button("Explain", type="primary", key="why_explain"):
+    with st.status("Integrated Gradients and feature ablation…") as status:
+        try:
+            results[key] = router_attribution(
+                loaded,
+                token_ids=ids,
+                position=pos,
+                layer=layer,
+                site=site,
+                expert=expert,
+                target=target,
+                baseline=baseline,
+                n_steps=steps,
+            )
+            status.update(label="Attribution done", state="complete")
+        except moeviz.MoevizError as exc:
+            status.update(label=str(exc), state="error")
+if key in results:
+    res = results[key]
+    x, y, z = st.columns(3)
+    x.metric(f"router {target}", f"{res.value:.4f}", f"{res.value - res.baseline_value:+.4f} vs baseline")
+    y.metric(
+        "IG convergence delta",
+        f"{res.delta:+.3g}",
+        f"{res.relative_delta:.1%} of the difference",
+        delta_color="off",
+    )
+    z.metric("IG vs ablation rank agreement", "—" if res.agreement is None else f"{res.agreement:.2f}")
+    for message in res.warnings:
+        st.warning(message + " Top-k switches along the path make MoE outputs non-smooth.")
+    frame = res.frame()
+    state.show_chart(attribution_strip_chart(frame, title=res.what), "why_ig")
+    state.show_chart(
+        attribution_strip_chart(frame, value="ablation", title="feature ablation"), "why_ablation"
+    )
+    state.table_downloads(frame, "attribution")
+
+st.subheader("What if?")
+kind = st.radio(
+    "Intervention",
+    key="why_kind",
+    options=[
+        "Disable expert for this token",
+        "Disable expert in this layer",
+        "Disable expert everywhere",
+        "Force this token to the expert",
+        "Replace the top choice by the next-best",
+    ],
+)
+specs = {
+    "Disable expert for this token": DisableExpert(expert=expert, layer=layer, positions=pos, site=site),
+    "Disable expert in this layer": DisableExpert(expert=expert, layer=layer, site=site),
+    "Disable expert everywhere": DisableExpert(expert=expert),
+    "Force this token to the expert": ForceExpert(expert=expert, layer=layer, positions=pos, site=site),
+    "Replace the top choice by the next-best": NextBest(layer=layer, positions=pos, site=site),
+}
+cf_key = ("cf", source, tuple(ids), kind, pos, site, layer, expert)
+if st.button("Run what-if", key="why_whatif"):
+    with st.status("Running the prompt with and without the intervention…") as status:
+        try:
+            results[cf_key] = counterfactual(loaded, token_ids=ids, interventions=[specs[kind]])
+            status.update(label="Done", state="complete")
+        except moeviz.MoevizError as exc:
+            status.update(label=str(exc), state="error")
+if cf_key in results:
+    cf = results[cf_key]
+    x, y = st.columns(2)
+    x.metric(
+        f"log p({cf.next_token!r}) after the prompt",
+        f"{cf.next_logprob_after:.4f}",
+        f"{cf.next_logprob_change:+.4f}",
+    )
+    y.metric(
+        "Predicted next token",
+        repr(cf.next_token_after),
+        "changed" if cf.next_id_after != cf.next_id else "same",
+        delta_color="off",
+    )
+    st.dataframe(cf.layer_summary(), hide_index=True)
+    changes = cf.routing_changes()
+    st.caption("Tokens whose dispatched experts changed (later layers and later tokens):")
+    st.dataframe(changes[changes["changed"]], hide_index=True)
+    state.table_downloads(cf.token_frame(), "whatif_logprobs")
+
+st.subheader("Expert importance over the prompt")
+imp_key = ("imp", source, tuple(ids))
+if st.button("Disable each expert in turn", key="why_importance_run"):
+    bar = st.progress(0.0, text="Disabling experts…")
+    try:
+        results[imp_key] = expert_importance(
+            loaded, token_ids=ids, progress=lambda f, t: bar.progress(f, text=t)
+        )
+    except moeviz.MoevizError as exc:
+        st.error(str(exc))
+    bar.empty()
+if imp_key in results:
+    state.show_chart(importance_chart(results[imp_key]), "why_importance")
+    state.table_downloads(results[imp_key], "expert_importance")

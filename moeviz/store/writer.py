@@ -1,0 +1,303 @@
+"""Stream a corpus through a model into a store, one atomic Parquet part per batch; resumable."""
+
+from __future__ import annotations
+
+import io
+import json
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from moeviz.store.layout import (
+    MANIFEST_FILE,
+    RUN_FILE,
+    RunInfo,
+    StoreError,
+    append_manifest,
+    atomic_write_bytes,
+    check_label,
+    init_store,
+    list_runs,
+    part_name,
+    read_manifest,
+    run_dir,
+    slug,
+)
+from moeviz.store.plan import Batch, corpus_fingerprint, iter_batches
+from moeviz.store.schema import trace_table
+
+# settings that must match for --resume to continue a run (anything else would mix two different runs)
+RESUME_KEYS = ("source", "corpus_id", "chunk_tokens", "batch_size", "max_batches", "confidence")
+
+
+@dataclass(frozen=True)
+class TraceSettings:
+    batch_size: int = 8
+    chunk_tokens: int = 256
+    max_batches: int | None = None
+    confidence: bool = False
+
+
+def write_part(folder: Path, batch: Batch, table: pa.Table) -> dict[str, Any]:
+    """Write one batch's rows atomically; returns its manifest entry (not yet appended)."""
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, compression="zstd", row_group_size=1 << 20)
+    data = buffer.getvalue()
+    name = part_name(batch.index)
+    atomic_write_bytes(folder / name, data)
+    return {
+        "batch": batch.index,
+        "file": name,
+        "rows": table.num_rows,
+        "bytes": len(data),
+        "tokens": batch.num_tokens,
+        "sequences": len(batch.token_ids),
+        "token_hash": batch.token_hash,
+    }
+
+
+def prepare_run(
+    store: Path,
+    model: str,
+    checkpoint: str,
+    config: dict[str, Any],
+    resume: bool,
+) -> tuple[Path, dict[int, dict[str, Any]]]:
+    """Create (or, with `resume`, reopen and check) a run folder; returns it and its completed batches."""
+    check_label(model, "model")
+    check_label(checkpoint, "checkpoint")
+    init_store(store)
+    folder = run_dir(store, model, checkpoint)
+    run_file = folder / RUN_FILE
+    if run_file.is_file():
+        if not resume:
+            raise StoreError(
+                f"store {store} already holds model {model!r} checkpoint {checkpoint!r}: pass --resume to "
+                "continue it, or use another --out / --label"
+            )
+        old = json.loads(run_file.read_text())
+        changed = [key for key in RESUME_KEYS if old.get(key) != config.get(key)]
+        if changed:
+            diffs = ", ".join(f"{key}: {old.get(key)!r} → {config.get(key)!r}" for key in changed)
+            raise StoreError(
+                f"cannot resume model {model!r} checkpoint {checkpoint!r}: settings differ ({diffs})"
+            )
+        config = {**old, **{k: v for k, v in config.items() if k != "total_batches"}}
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(".*.tmp"):  # temp files of a killed run
+        stale.unlink(missing_ok=True)
+    atomic_write_bytes(run_file, json.dumps(config, indent=1, sort_keys=True).encode())
+    return folder, read_manifest(folder / MANIFEST_FILE)
+
+
+def finish_run(folder: Path, total_batches: int, layers: list[dict[str, Any]] | None = None) -> None:
+    """Record the plan's length (the run is complete once every batch is in the manifest) and the layers."""
+    run_file = folder / RUN_FILE
+    config = json.loads(run_file.read_text())
+    config["total_batches"] = total_batches
+    if layers is not None:
+        config["layers"] = layers
+    atomic_write_bytes(run_file, json.dumps(config, indent=1, sort_keys=True).encode())
+
+
+def layer_info(trace) -> list[dict[str, Any]]:
+    """What the rows cannot say: experts per layer (an expert never picked has no row) and k."""
+    return [
+        {
+            "layer": r.layer,
+            "site": r.site,
+            "num_experts": r.num_experts,
+            "k": r.k,
+            "score_fn": r.score_fn,
+            "bias": None if r.bias is None else [float(b) for b in r.bias],
+        }
+        for r in trace.layers
+    ]
+
+
+class _PartWriter:
+    """A background thread that writes parts and appends the manifest, so the next forward overlaps I/O.
+
+    The queue holds at most `depth` batches: memory stays bounded."""
+
+    def __init__(self, folder: Path, depth: int = 2) -> None:
+        self.folder = folder
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="moeviz-store-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            if self.error is not None:
+                continue
+            batch, table = item
+            try:
+                entry = write_part(self.folder, batch, table)
+                append_manifest(self.folder / MANIFEST_FILE, entry)
+            except BaseException as exc:
+                self.error = exc
+
+    def put(self, batch: Batch, table: pa.Table) -> None:
+        if self.error is not None:
+            raise self.error
+        self.queue.put((batch, table))
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def trace_corpus(
+    loaded,
+    corpus: str | Path,
+    store: str | Path,
+    *,
+    model: str | None = None,
+    checkpoint: str = "final",
+    checkpoint_index: int = 0,
+    settings: TraceSettings | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    on_batch: Callable[[Batch], None] | None = None,
+) -> RunInfo:
+    """Route every token of `corpus` through `loaded` (a `moeviz.LoadedModel`) into `store`.
+
+    Writes one Parquet part per batch into `store/model=<model>/checkpoint=<checkpoint>/` (see
+    `moeviz.store.layout`); with `resume`, batches already in the manifest are skipped after checking
+    that their token ids are unchanged. Returns the finished run. `on_batch` is called after each batch
+    is queued for writing (tests use it to interrupt a run at a known point)."""
+    from tqdm import tqdm
+
+    import moeviz
+
+    settings = settings or TraceSettings()
+    if loaded.tokenizer is None:
+        raise StoreError("tracing a corpus needs a model with a tokenizer")
+    store = Path(store)
+    model = model or slug(Path(loaded.info.source).name)
+    chunk = min(settings.chunk_tokens, loaded.max_length or settings.chunk_tokens)
+    config = {
+        "source": str(loaded.info.source),
+        "model_type": loaded.info.model_type,
+        "corpus": corpus_fingerprint(corpus)["path"],
+        "corpus_id": corpus_fingerprint(corpus)["id"],
+        "chunk_tokens": chunk,
+        "batch_size": settings.batch_size,
+        "max_batches": settings.max_batches,
+        "confidence": settings.confidence,
+        "checkpoint_index": checkpoint_index,
+        "total_batches": None,
+    }
+    folder, done = prepare_run(store, model, checkpoint, config, resume)
+    tokenize = lambda text: loaded.tokenizer(text)["input_ids"]  # noqa: E731
+    writer = _PartWriter(folder)
+    total = 0
+    layers: list[dict[str, Any]] | None = None
+    bar = tqdm(
+        desc=f"tracing {model}/{checkpoint}",
+        unit="tok",
+        unit_scale=True,
+        file=sys.stderr,
+        disable=not progress,
+        dynamic_ncols=True,
+    )
+    started = time.perf_counter()
+    try:
+        for batch in iter_batches(corpus, tokenize, chunk, settings.batch_size, settings.max_batches):
+            total = batch.index + 1
+            entry = done.get(batch.index)
+            if entry is not None:
+                if entry["token_hash"] != batch.token_hash:
+                    raise StoreError(
+                        f"cannot resume: batch {batch.index} holds other tokens than when it was traced "
+                        "(the corpus or tokenizer changed)"
+                    )
+                continue
+            trace = moeviz.capture(loaded, token_ids=batch.token_ids)
+            if layers is None:
+                layers = layer_info(trace)
+            table = trace_table(
+                trace,
+                model=model,
+                checkpoint=checkpoint,
+                batch=batch.index,
+                seq_offset=batch.seq_offset,
+                seq_docs=batch.docs,
+                seq_domains=batch.domains,
+                confidence=settings.confidence,
+            )
+            writer.put(batch, table)
+            bar.update(batch.num_tokens)
+            if on_batch is not None:
+                on_batch(batch)
+    finally:
+        bar.close()
+        writer.close()  # drains: every queued batch is complete, so writing it is correct
+    finish_run(folder, total, layers)
+    if progress:
+        elapsed = time.perf_counter() - started
+        print(f"traced {model}/{checkpoint}: {total} batches in {elapsed:.1f}s", file=sys.stderr)
+    return next(r for r in list_runs(store) if r.model == model and r.checkpoint == checkpoint)
+
+
+def write_trace(
+    trace,
+    store: str | Path,
+    *,
+    model: str,
+    checkpoint: str = "final",
+    checkpoint_index: int = 0,
+    seq_domains: list[str] | None = None,
+    source: str = "trace",
+) -> RunInfo:
+    """Write an in-memory `Trace` as a complete one-batch run (synthetic series, tests, the app).
+
+    `seq_domains[i]`: domain of trace sequence i (default ""); documents are numbered by sequence."""
+    from moeviz.store.plan import token_hash
+
+    num_seqs = int(trace.tokens["seq"].max()) + 1 if len(trace.tokens) else 0
+    domains = list(seq_domains) if seq_domains is not None else [""] * num_seqs
+    ids = [
+        group.sort_values("pos")["token_id"].astype(int).tolist()
+        for _, group in trace.tokens[trace.tokens["stream"] == "input"].groupby("seq", sort=True)
+    ]
+    config = {
+        "source": source,
+        "model_type": trace.model.model_type,
+        "corpus": None,
+        "corpus_id": token_hash(ids),
+        "chunk_tokens": None,
+        "batch_size": num_seqs,
+        "max_batches": None,
+        "confidence": False,
+        "checkpoint_index": checkpoint_index,
+        "total_batches": None,
+    }
+    folder, _ = prepare_run(Path(store), model, checkpoint, config, resume=False)
+    batch = Batch(0, 0, ids, list(range(num_seqs)), domains)
+    table = trace_table(
+        trace,
+        model=model,
+        checkpoint=checkpoint,
+        batch=0,
+        seq_offset=0,
+        seq_docs=batch.docs,
+        seq_domains=domains,
+    )
+    append_manifest(folder / MANIFEST_FILE, write_part(folder, batch, table))
+    finish_run(folder, 1, layer_info(trace))
+    return next(r for r in list_runs(Path(store)) if r.model == model and r.checkpoint == checkpoint)

@@ -1,0 +1,41 @@
+"""The "Why this expert?" page: explain, what-if and importance run in the app on both sample families."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+REPO = Path(__file__).resolve().parents[1]
+APP = REPO / "app" / "streamlit_app.py"
+
+
+@pytest.fixture(autouse=True)
+def _app_env(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("MOEVIZ_MODEL_DIRS", raising=False)
+    monkeypatch.delenv("MOEVIZ_DEFAULT_MODEL", raising=False)
+    monkeypatch.syspath_prepend(str(REPO / "app"))
+
+
+def _ok(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+@pytest.mark.parametrize("model", ["sample:mixtral-healthy", "sample:deepseek-v3-bias"])
+def test_why_page_explains_and_runs_what_if(model):
+    at = AppTest.from_file(str(APP), default_timeout=90)
+    at.session_state["model"] = model
+    at.switch_page("pages/why.py").run()
+    _ok(at)
+    at.button(key="why_explain").click().run()  # Explain
+    _ok(at)
+    assert any("IG convergence delta" in m.label for m in at.metric)
+    at.radio(key="why_kind").set_value("Replace the top choice by the next-best").run()
+    at.button(key="why_whatif").click().run()  # Run what-if
+    _ok(at)
+    assert any("log p(" in m.label for m in at.metric)
+    at.button(key="why_importance_run").click().run()  # importance
+    _ok(at)
