@@ -123,3 +123,18 @@ def measure_sample(loaded: LoadedModel) -> dict:
         "layers": layers,
         "bias": bias_stats(trace),
     }
+
+
+def write_eval_prefix(loaded: LoadedModel, folder: Path, tokens_per_domain: int) -> Path:
+    """Write the text of the first `tokens_per_domain` tokens (this model's tokenizer) of each evaluation
+    slice to `folder/<domain>.txt`: a small corpus on which every checkpoint of a series sees the same
+    tokens."""
+    if loaded.tokenizer is None or not getattr(loaded.tokenizer, "is_fast", False):
+        raise InputError("cutting the evaluation slices by token needs a model with a fast tokenizer")
+    folder.mkdir(parents=True, exist_ok=True)
+    for domain in DOMAINS:
+        text = (eval_dir() / f"{domain}.txt").read_text(encoding="utf-8")
+        offsets = loaded.tokenizer(text, return_offsets_mapping=True)["offset_mapping"]
+        end = offsets[min(tokens_per_domain, len(offsets)) - 1][1]
+        (folder / f"{domain}.txt").write_text(text[:end], encoding="utf-8")
+    return folder

@@ -1,0 +1,220 @@
+"""Checkpoint timelines and corpus-store views: checkpoints on x (in training order), one line per MoE layer.
+
+Inputs are the frames of `moeviz.store.checkpoints.CheckpointTimeline` and of `moeviz.store.StoreQuery`;
+every function is pure (frame in, `alt.Chart` out) and never re-derives routing.
+"""
+
+from __future__ import annotations
+
+import altair as alt
+import numpy as np
+import pandas as pd
+
+from moeviz.charts.routing import _FIT_WIDTH
+
+TIMELINE_INDICATORS = {
+    "load_entropy": "normalised load entropy H(f) / log E",
+    "max_share": "busiest expert's share of slots",
+    "dead_fraction": "share of experts with no token",
+    "z_loss": "router z-loss (mean squared logsumexp)",
+}
+SATURATION_KINDS = {"topk": "saturation_topk", "top1": "saturation_top1"}
+LEVEL_COLOURS = {"warning": "#f2a541", "collapsed": "#e4572e"}
+
+
+def _layer_label(frame: pd.DataFrame) -> list[str]:
+    """Line labels: the layer number, with its site only when several sites are present."""
+    several = frame["site"].nunique() > 1
+    return [
+        f"{layer} ({site})" if several else str(layer)
+        for site, layer in zip(frame["site"], frame["layer"], strict=True)
+    ]
+
+
+def _checkpoint_x(frame: pd.DataFrame) -> alt.X:
+    """Checkpoint axis ordered by `order` (training step), not alphabetically."""
+    ordered = frame.drop_duplicates("checkpoint").sort_values("order")["checkpoint"].tolist()
+    return alt.X("checkpoint:O", title="checkpoint", sort=ordered, axis=alt.Axis(labelAngle=-30))
+
+
+def _lines(data: pd.DataFrame, value: str, title: str, *, domain: list[float] | None = None) -> alt.Chart:
+    y_scale = alt.Scale(domain=domain) if domain else alt.Undefined
+    return (
+        alt.Chart(data)
+        .mark_line(point=True)
+        .encode(
+            x=_checkpoint_x(data),
+            y=alt.Y(f"{value}:Q", title=title, scale=y_scale),
+            color=alt.Color("row:N", title="MoE layer", sort=alt.EncodingSortField("layer")),
+            tooltip=[
+                alt.Tooltip("checkpoint:N"),
+                alt.Tooltip("row:N", title="MoE layer"),
+                alt.Tooltip(f"{value}:Q", format=".3f", title=title),
+            ],
+        )
+    )
+
+
+def saturation_timeline_chart(saturation: pd.DataFrame, kind: str = "topk") -> alt.Chart:
+    """Router saturation against the final checkpoint per layer: 1 = routes exactly as the final model.
+
+    Input: `CheckpointTimeline.saturation` (columns checkpoint, order, site, layer, saturation_topk,
+    saturation_top1). `kind`: "topk" (top-k overlap / k) or "top1" (top-1 agreement). One row per
+    (checkpoint, layer) is drawn as one point of that layer's line.
+    """
+    if kind not in SATURATION_KINDS:
+        raise ValueError(f"kind must be one of {sorted(SATURATION_KINDS)}, got {kind!r}")
+    column = SATURATION_KINDS[kind]
+    data = saturation[["checkpoint", "order", "site", "layer", column]].copy()
+    data[column] = data[column].astype(np.float64)
+    data["row"] = _layer_label(data)
+    label = "top-k overlap with final" if kind == "topk" else "top-1 agreement with final"
+    return (
+        _lines(data, column, label, domain=[0, 1])
+        .properties(
+            title=alt.Title(f"Router saturation ({kind})", subtitle="1 = routes as the final checkpoint"),
+            height=220,
+            autosize=_FIT_WIDTH,
+        )
+        .interactive(bind_y=False)
+    )
+
+
+def balance_timeline_chart(
+    collapse: pd.DataFrame, indicator: str = "load_entropy", crossings: pd.DataFrame | None = None
+) -> alt.LayerChart:
+    """One balance indicator per layer over training, with its collapse thresholds as dashed rules.
+
+    Input: `CheckpointTimeline.collapse` (columns checkpoint, order, site, layer and `indicator`, one of
+    TIMELINE_INDICATORS) and optionally `CheckpointTimeline.crossings` (columns indicator, level,
+    threshold): one horizontal rule per distinct (level, threshold) of `indicator`, orange = warning,
+    red = collapsed. Rows: one point per (checkpoint, layer).
+    """
+    if indicator not in TIMELINE_INDICATORS:
+        raise ValueError(f"indicator must be one of {sorted(TIMELINE_INDICATORS)}, got {indicator!r}")
+    data = collapse[["checkpoint", "order", "site", "layer", indicator]].copy()
+    data[indicator] = data[indicator].astype(np.float64)
+    data["row"] = _layer_label(data)
+    lines = _lines(data, indicator, indicator)
+    rules = pd.DataFrame(columns=["level", "threshold"])
+    if crossings is not None and len(crossings):
+        sel = crossings[(crossings["indicator"] == indicator) & crossings["threshold"].notna()]
+        rules = sel[["level", "threshold"]].drop_duplicates().reset_index(drop=True)
+        rules["threshold"] = rules["threshold"].astype(np.float64)
+    reference = (
+        alt.Chart(rules)
+        .mark_rule(strokeDash=[6, 3], strokeWidth=1.5)
+        .encode(
+            y="threshold:Q",
+            color=alt.Color(
+                "level:N",
+                title="threshold",
+                scale=alt.Scale(domain=list(LEVEL_COLOURS), range=list(LEVEL_COLOURS.values())),
+            ),
+            tooltip=[alt.Tooltip("level:N"), alt.Tooltip("threshold:Q", format=".3g")],
+        )
+    )
+    return (
+        alt.layer(lines, reference)
+        .resolve_scale(color="independent")
+        .properties(
+            title=alt.Title(indicator, subtitle=TIMELINE_INDICATORS[indicator]),
+            height=220,
+            autosize=_FIT_WIDTH,
+        )
+    )
+
+
+def drift_timeline_chart(drift: pd.DataFrame) -> alt.Chart:
+    """Expert drift from the previous checkpoint, mean over each layer's experts (NaN experts skipped).
+
+    Input: `CheckpointTimeline.drift` (columns checkpoint, order, site, layer, expert, drift = 1 − Jaccard
+    of the expert's token sets at this and the previous checkpoint). One point per (checkpoint, layer);
+    the tooltip adds the largest single-expert drift.
+    """
+    data = (
+        drift.groupby(["checkpoint", "order", "site", "layer"], as_index=False)
+        .agg(drift=("drift", "mean"), max_drift=("drift", "max"))
+        .sort_values(["order", "site", "layer"], kind="stable")
+        .reset_index(drop=True)
+    )
+    data["row"] = _layer_label(data)
+    chart = _lines(data, "drift", "mean drift", domain=[0, 1])
+    return chart.encode(
+        tooltip=[
+            alt.Tooltip("checkpoint:N"),
+            alt.Tooltip("row:N", title="MoE layer"),
+            alt.Tooltip("drift:Q", format=".3f", title="mean drift"),
+            alt.Tooltip("max_drift:Q", format=".3f", title="max drift"),
+        ]
+    ).properties(
+        title=alt.Title(
+            "Expert drift", subtitle="1 − Jaccard of each expert's tokens vs the previous checkpoint"
+        ),
+        height=220,
+        autosize=_FIT_WIDTH,
+    )
+
+
+def specialisation_timeline_chart(specialisation: pd.DataFrame) -> alt.Chart:
+    """Per-domain specialisation over training: lift of each domain's most specialised expert, one line per
+    layer, one small panel per domain.
+
+    Input: `CheckpointTimeline.specialisation` (columns checkpoint, order, site, layer, domain, top_expert,
+    ds, baseline, lift = max_e DS(e, D) / (k/E)). One point per (checkpoint, layer, domain); 1 = no expert
+    prefers the domain more than chance.
+    """
+    data = specialisation[
+        ["checkpoint", "order", "site", "layer", "domain", "top_expert", "ds", "lift"]
+    ].copy()
+    data["lift"] = data["lift"].astype(np.float64)
+    data["row"] = _layer_label(data)
+    line = _lines(data, "lift", "lift of the top expert").encode(
+        tooltip=[
+            alt.Tooltip("checkpoint:N"),
+            alt.Tooltip("domain:N"),
+            alt.Tooltip("row:N", title="MoE layer"),
+            alt.Tooltip("top_expert:O", title="top expert"),
+            alt.Tooltip("ds:Q", format=".3f", title="DS"),
+            alt.Tooltip("lift:Q", format=".2f"),
+        ]
+    )
+    return line.properties(width=220, height=160).facet(
+        facet=alt.Facet("domain:N", title=None), columns=3, title="Domain specialisation over training"
+    )
+
+
+def domain_specialisation_heatmap(specialisation: pd.DataFrame) -> alt.Chart:
+    """Domain × expert heatmap of lift = DS(e, D) / (k/E), one row of panels per layer; white = chance.
+
+    Input: `StoreQuery.domain_specialisation()` (columns site, layer, domain, expert, tokens, dispatched,
+    ds, baseline, lift), already filtered to one model and checkpoint. One cell per input row.
+    """
+    data = specialisation[["site", "layer", "domain", "expert", "tokens", "ds", "lift"]].copy()
+    data["log2_lift"] = np.log2(np.clip(data["lift"].to_numpy(dtype=np.float64), 1 / 8, 8))
+    data["row"] = _layer_label(data)
+    domains = int(data["domain"].nunique()) if len(data) else 1
+    return (
+        alt.Chart(data)
+        .mark_rect(stroke="white", strokeWidth=0.5)
+        .encode(
+            x=alt.X("expert:O", axis=alt.Axis(labelAngle=0)),
+            y=alt.Y("domain:N", title=None),
+            color=alt.Color(
+                "log2_lift:Q",
+                scale=alt.Scale(scheme="redblue", reverse=True, domain=[-3, 3], domainMid=0),
+                legend=alt.Legend(title="log₂ lift", values=[-3, -1, 0, 1, 3]),
+            ),
+            tooltip=[
+                alt.Tooltip("row:N", title="MoE layer"),
+                alt.Tooltip("domain:N"),
+                alt.Tooltip("expert:O"),
+                alt.Tooltip("tokens:Q"),
+                alt.Tooltip("ds:Q", format=".3f", title="DS"),
+                alt.Tooltip("lift:Q", format=".2f"),
+            ],
+        )
+        .properties(width=260, height=16 * domains)
+        .facet(facet=alt.Facet("row:N", title="MoE layer", sort=alt.EncodingSortField("layer")), columns=2)
+        .properties(title="Domain specialisation (lift over chance)")
+    )
