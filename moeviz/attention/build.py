@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from moeviz.attention.maps import AttentionCapture, AttentionLayer
+from moeviz.attention.maps import AttentionCapture, AttentionLayer, LinearAttentionLayer
 from moeviz.capture.attention import AttentionRecorder
 from moeviz.errors import CaptureError
 from moeviz.models.attention import kv_geometry, no_map_reason
@@ -48,9 +48,10 @@ def build_attention(
             sliding_window=call.sliding_window,
             implementation=call.implementation,
         )
+    linear = _linear_layers(recorder, layers, no_map)
     failed = {error.split(":", 1)[0]: error for error in recorder.errors}
     for layer in range(num_layers):
-        if layer not in layers:
+        if layer not in layers and layer not in linear and layer not in no_map:
             no_map[layer] = no_map_reason(config, layer)
     for module, error in failed.items():
         index = next((i for i, (name, idx) in recorder.modules.items() if name == module), None)
@@ -64,4 +65,39 @@ def build_attention(
         lengths=np.asarray(lengths, dtype=np.int64),
         dtype_bytes=torch.empty(0, dtype=dtype).element_size(),
         geometry=kv_geometry(config),
+        linear=linear,
     )
+
+
+def _linear_layers(
+    recorder: AttentionRecorder, softmax: dict, no_map: dict
+) -> dict[int, LinearAttentionLayer]:
+    """Decode what the linear-attention hooks kept (one call per layer) into LinearAttentionLayer."""
+    by_layer: dict[int, list] = {}
+    for name, layer, thunk in recorder.linear:
+        by_layer.setdefault(layer, []).append((name, thunk))
+    out = {}
+    for layer, calls in by_layer.items():
+        if layer in softmax:
+            continue
+        if len(calls) != 1:
+            no_map[layer] = f"linear-attention layer ran {len(calls)} times in one forward: no map"
+            continue
+        name, thunk = calls[0]
+        try:
+            parts = thunk()
+        except ValueError as exc:
+            no_map[layer] = f"{name}: {exc}"
+            continue
+        out[layer] = LinearAttentionLayer(
+            layer=layer,
+            module=name,
+            kind=parts["kind"],
+            query=_numpy(parts["query"]),
+            key=_numpy(parts["key"]),
+            value=_numpy(parts["value"]),
+            log_decay=_numpy(parts["log_decay"]),
+            beta=None if parts["beta"] is None else _numpy(parts["beta"]),
+        )
+    recorder.linear.clear()
+    return out

@@ -91,11 +91,87 @@ class AttentionLayer:
 
 
 @dataclass
+class LinearAttentionLayer:
+    """One linear-attention layer with an exact *attention-like* map (not softmax probabilities).
+
+    query/key [B, H, T, Dk], value [B, H, T, Dv], log_decay [B, H, T] (log of the per-step state decay),
+    beta [B, H, T] (delta rule write strength) or None, all fp32 as the layer's kernel used them. The map
+    A [T, T] is lower-triangular and satisfies o_t = Σ_j A[t, j] v_j exactly, where o is the layer's
+    attention output before its norm / gate / output projection (see `moeviz.models.attention`):
+
+    - kind "decay" (MiniMax lightning attention): A[t, j] = (q_t · k_j) · exp(L_t − L_j),
+      L = cumsum(log_decay)
+    - kind "delta" (Qwen3-Next gated DeltaNet): A[t, j] = β_j k_j · r_j with r_t = q_t,
+      r_{j−1} = exp(g_j) (r_j − β_j k_j (k_j · r_j)) — the delta rule's state updates unrolled.
+
+    Entries may be negative and rows need not sum to 1.
+    """
+
+    layer: int
+    module: str
+    kind: str
+    query: np.ndarray
+    key: np.ndarray
+    value: np.ndarray
+    log_decay: np.ndarray
+    beta: np.ndarray | None = None
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.query.shape[1])
+
+    @property
+    def value_dim(self) -> int:
+        return int(self.value.shape[3])
+
+    @property
+    def nbytes(self) -> int:
+        extra = 0 if self.beta is None else self.beta.nbytes
+        return int(self.query.nbytes + self.key.nbytes + self.value.nbytes + self.log_decay.nbytes + extra)
+
+
+def _linear_rows(spec: LinearAttentionLayer, head: int, seq: int, off: int, n: int, rows: np.ndarray):
+    """[R, n] float64 attention-like map of query positions `rows` over the sequence's n real keys."""
+    import torch
+
+    cols = slice(off, off + n)
+    q = torch.from_numpy(spec.query[seq, head, cols]).double()  # [n, Dk]
+    k = torch.from_numpy(spec.key[seq, head, cols]).double()
+    g = torch.from_numpy(spec.log_decay[seq, head, cols]).double()  # [n]
+    rows_t = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+    out = torch.zeros(len(rows_t), n, dtype=torch.float64)
+    if not len(rows_t):
+        return out.numpy()
+    if spec.kind == "decay":
+        cum = torch.cumsum(g, 0)
+        scores = q[rows_t] @ k.T  # [R, n]
+        delta = cum[rows_t][:, None] - cum[None, :]
+        causal = torch.arange(n)[None, :] <= rows_t[:, None]
+        return torch.where(causal, scores * torch.exp(delta.clamp(max=0.0)), 0.0).numpy()
+    if spec.kind != "delta":
+        raise ValueError(f"unknown linear-attention kind {spec.kind!r}")
+    beta = torch.from_numpy(spec.beta[seq, head, cols]).double()
+    decay = torch.exp(g)
+    r = torch.zeros(len(rows_t), q.shape[1], dtype=torch.float64)
+    for j in range(int(rows_t.max()), -1, -1):  # unroll the state updates backwards from each query row
+        starting = rows_t == j
+        if bool(starting.any()):
+            r[starting] = q[j]
+        dot = r @ k[j]  # [R]
+        out[:, j] = beta[j] * dot
+        r = decay[j] * (r - (beta[j] * dot)[:, None] * k[j][None, :])
+    return out.numpy()
+
+
+@dataclass
 class AttentionCapture:
     """Attention of one capture, computed lazily. `Trace.attention` holds one (None unless captured).
 
     - layers: layer index -> AttentionLayer (softmax-attention layers only)
-    - no_map: layer index -> why that layer has no attention map (Mamba, linear attention, ...)
+    - no_map: layer index -> why that layer has no attention map (Mamba, unsupported linear attention, ...)
+    - linear: layer index -> LinearAttentionLayer: exact attention-like maps of linear-attention layers
+      (MiniMax lightning, Qwen3-Next DeltaNet). `row/block/full` serve them too; they are not probabilities
+      (rows need not sum to 1, entries may be negative), so summaries and the KV what-if skip them.
     - offsets [B], lengths [B]: column of position 0 and number of real tokens of each sequence
     - dtype_bytes: bytes per element of the model's KV cache; geometry: facts from `models.attention`
 
@@ -108,6 +184,7 @@ class AttentionCapture:
     lengths: np.ndarray
     dtype_bytes: int = 4
     geometry: dict[str, Any] = field(default_factory=dict)
+    linear: dict[int, LinearAttentionLayer] = field(default_factory=dict)
     _cache: dict[tuple, dict[int, dict[str, np.ndarray]]] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -117,25 +194,33 @@ class AttentionCapture:
     # ---- lookup ------------------------------------------------------------------------------------
     @property
     def map_layers(self) -> list[int]:
+        """Softmax-attention layers (probability maps; summaries and the KV what-if cover these)."""
         return sorted(self.layers)
 
     @property
+    def linear_layers(self) -> list[int]:
+        """Linear-attention layers with an exact attention-like map (`kind` "decay" or "delta")."""
+        return sorted(self.linear)
+
+    @property
     def nbytes(self) -> int:
-        """Bytes held by the capture (queries, keys, intervals): grows linearly with tokens."""
-        return sum(layer.nbytes for layer in self.layers.values())
+        """Bytes held by the capture (queries, keys, intervals, linear q/k/v): grows linearly with tokens."""
+        return sum(layer.nbytes for layer in (*self.layers.values(), *self.linear.values()))
 
     def has_map(self, layer: int) -> bool:
-        return layer in self.layers
+        return layer in self.layers or layer in self.linear
 
-    def layer(self, layer: int) -> AttentionLayer:
+    def layer(self, layer: int) -> AttentionLayer | LinearAttentionLayer:
         if layer in self.layers:
             return self.layers[layer]
+        if layer in self.linear:
+            return self.linear[layer]
         if layer in self.no_map:
             raise KeyError(f"layer {layer} has no attention map: {self.no_map[layer]}")
-        known = sorted(set(self.layers) | set(self.no_map))
+        known = sorted(set(self.layers) | set(self.no_map) | set(self.linear))
         raise KeyError(f"no layer {layer} in this capture (layers {known[0]}..{known[-1]})")
 
-    def _check(self, layer: int, head: int, seq: int) -> AttentionLayer:
+    def _check(self, layer: int, head: int, seq: int) -> AttentionLayer | LinearAttentionLayer:
         spec = self.layer(layer)
         if not 0 <= head < spec.num_heads:
             raise IndexError(f"head {head} out of range: layer {layer} has {spec.num_heads} heads")
@@ -160,11 +245,14 @@ class AttentionCapture:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Attention of query positions `rows` over every key position of the sequence, in float64.
 
-        Returns (probs [R, L], learned sink mass [R]); probs exclude the sink, as eager maps do.
+        Returns (probs [R, L], learned sink mass [R]); probs exclude the sink, as eager maps do. Linear
+        layers: (attention-like map [R, L], zeros [R]).
         """
         import torch
 
         off, n = int(self.offsets[seq]), int(self.lengths[seq])
+        if isinstance(spec, LinearAttentionLayer):
+            return _linear_rows(spec, head, seq, off, n, rows), np.zeros(len(rows))
         cols = off + rows
         q = torch.from_numpy(spec.query[seq, head, cols]).double()  # [R, Dk]
         k = torch.from_numpy(spec.key[seq, spec.kv_head(head), off : off + n]).double()  # [L, Dk]
@@ -190,7 +278,8 @@ class AttentionCapture:
         return (e / z[:, None]).numpy(), (sink_e / z).numpy()
 
     def row(self, layer: int, head: int, seq: int, pos: int) -> np.ndarray:
-        """[L] attention of the token at `pos` over the L key positions of its sequence (0 where masked)."""
+        """[L] attention of the token at `pos` over the L key positions of its sequence (0 where masked).
+        Linear layers: the exact attention-like row (not a probability; see `LinearAttentionLayer`)."""
         spec = self._check(layer, head, seq)
         return self._rows(spec, head, seq, self._positions(seq, pos, "query"))[0][0]
 
@@ -209,6 +298,22 @@ class AttentionCapture:
         """[R] mass each query gives the learned sink (GPT-OSS `sinks`; eager maps drop it). 0 elsewhere."""
         spec = self._check(layer, head, seq)
         return self._rows(spec, head, seq, self._positions(seq, rows, "query"))[1]
+
+    def linear_output(self, layer: int, seq: int) -> np.ndarray:
+        """[H, L, Dv] Σ_j A[t, j] v_j of a linear layer from its map and recorded values: equals the layer's
+        own attention output (before norm, gate and output projection) of the sequence's real tokens."""
+        spec = self.layer(layer)
+        if not isinstance(spec, LinearAttentionLayer):
+            raise KeyError(f"layer {layer} is a softmax-attention layer; linear_output is for linear layers")
+        off, n = int(self.offsets[seq]), int(self.lengths[seq])
+        rows = np.arange(n)
+        return np.stack(
+            [
+                _linear_rows(spec, h, seq, off, n, rows)
+                @ spec.value[seq, h, off : off + n].astype(np.float64)
+                for h in range(spec.num_heads)
+            ]
+        )
 
     # ---- streaming summaries ------------------------------------------------------------------------
     def _pass(self, layer: int, window: int, global_tokens: int) -> dict[str, np.ndarray]:
@@ -299,7 +404,8 @@ class AttentionCapture:
     def head_summary(self, window: int = 32) -> pd.DataFrame:
         """One row per (layer, head): mean entropy, mean distance, sink and local mass over real tokens, and a
         `kind` label for the head grid: "sink" (mean sink mass > 0.5), "local" (local mass > 0.5) or
-        "global". Layers without a map are listed with kind "no map" and their reason."""
+        "global". Linear-attention layers with an attention-like map are listed once (head -1) with kind
+        "linear" (no probability statistics); layers without a map with kind "no map" and their reason."""
         frame = self.summaries(window)
         grid = (
             frame.groupby(["layer", "head"], as_index=False)[
@@ -312,6 +418,20 @@ class AttentionCapture:
             grid["mean_sink_mass"] > 0.5, "sink", np.where(grid["mean_local_mass"] > 0.5, "local", "global")
         )
         grid["reason"] = ""
+        linear = pd.DataFrame(
+            {
+                "layer": self.linear_layers,
+                "head": -1,
+                "kind": "linear",
+                "reason": [
+                    f"{self.linear[i].kind} linear attention: exact attention-like map (row/block/full), "
+                    "not softmax probabilities"
+                    for i in self.linear_layers
+                ],
+            }
+        )
+        if len(linear):
+            grid = pd.concat([grid, linear], ignore_index=True)
         missing = pd.DataFrame(
             {"layer": list(self.no_map), "head": -1, "kind": "no map", "reason": list(self.no_map.values())}
         )
@@ -330,7 +450,7 @@ class AttentionCapture:
         """
         rows = []
         latent = self.geometry.get("mla_latent_dim")
-        for layer in sorted(set(self.layers) | set(self.no_map)):
+        for layer in sorted(set(self.layers) | set(self.no_map) | set(self.linear)):
             if layer in self.layers:
                 spec = self.layers[layer]
                 hf = spec.num_kv_heads * (spec.head_dim + spec.value_dim) * self.dtype_bytes
@@ -346,6 +466,8 @@ class AttentionCapture:
                         "capped_at": spec.sliding_window,
                     }
                 )
+            elif layer in self.linear:
+                rows.append({"layer": layer, "kind": "linear (state)", "bytes_per_token": 0})
             else:
                 rows.append({"layer": layer, "kind": "no map (state)", "bytes_per_token": 0})
         return pd.DataFrame(rows)
@@ -385,6 +507,11 @@ class AttentionCapture:
             return self.map_layers
         for layer in layers:
             self.layer(layer)  # raises with the reason for layers without a map
+            if layer in self.linear:
+                raise ValueError(
+                    f"layer {layer} is a linear-attention layer: its map is attention-like, not a "
+                    "probability distribution, so entropy/mass summaries are not defined"
+                )
         return list(layers)
 
     def _seqs(self):

@@ -8,6 +8,10 @@ runs, `get_interface` is wrapped: on a thread with an active recorder it returns
 the original function (sdpa stays sdpa, eager stays eager). On any other thread it returns the original
 function untouched, so concurrent sessions neither mix nor pay. Nothing recorded grows with T²: queries and
 keys are [B, H, T, D], intervals [B, T].
+
+Linear-attention layers (MiniMax lightning attention, Qwen3-Next gated DeltaNet) have no softmax call; for
+them, hooks installed only for the capture keep references to the layer's own projections / kernel inputs
+(see `_linear_hooks`), from which `moeviz.attention` recomputes an exact attention-like map.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+from moeviz.models import attention as attention_models
 
 _active = threading.local()
 _patch_lock = threading.Lock()
@@ -56,6 +62,9 @@ class AttentionRecorder:
     modules: dict[int, tuple[str, int]]
     calls: list[AttentionCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # Linear-attention layers: (module name, layer, thunk -> decoded tensors) per call; decoded after the run.
+    linear: list[tuple[str, int, Callable[[], dict]]] = field(default_factory=list)
+    _current_delta: tuple[str, int] | None = None
     _mask_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
@@ -204,7 +213,8 @@ def recording_attention(model: nn.Module) -> Iterator[AttentionRecorder]:
     previous = getattr(_active, "recorder", None)
     _active.recorder = recorder
     try:
-        yield recorder
+        with _linear_hooks(model, recorder):
+            yield recorder
     finally:
         _active.recorder = previous
         with _patch_lock:
@@ -212,6 +222,82 @@ def recording_attention(model: nn.Module) -> Iterator[AttentionRecorder]:
             if _patch_users == 0:
                 registry.__dict__.pop("get_interface", None)
             recorder._mask_cache.clear()
+
+
+# ---- linear-attention layers ----------------------------------------------------------------------------
+_kernel_users = 0
+_kernel_original: Callable | None = None
+
+
+def _delta_kernel_wrapper(original: Callable) -> Callable:
+    def recording_delta_rule(query, key, value, g, beta, *args, **kwargs):
+        recorder = getattr(_active, "recorder", None)
+        where = None if recorder is None else recorder._current_delta
+        if where is not None:
+            recorder._current_delta = None  # one kernel call per module call
+            initial_state = kwargs.get("initial_state", args[1] if len(args) > 1 else None)
+            l2 = bool(kwargs.get("use_qk_l2norm_in_kernel", False))
+            refs = (query.detach(), key.detach(), value.detach(), g.detach(), beta.detach())
+            recorder.linear.append(
+                (where[0], where[1], lambda: attention_models.decode_delta(*refs, initial_state, l2))
+            )
+        return original(query, key, value, g, beta, *args, **kwargs)
+
+    recording_delta_rule.__wrapped__ = original
+    return recording_delta_rule
+
+
+@contextmanager
+def _linear_hooks(model: nn.Module, recorder: AttentionRecorder) -> Iterator[None]:
+    """Hooks on the model's linear-attention layers, recording only on the recorder's own thread; always
+    removed. MiniMax: a forward hook on `qkv_proj` keeps a reference to its output. Qwen3-Next: a pre-hook
+    marks the running DeltaNet module and the (reference-counted, thread-checked) kernel wrapper keeps
+    references to the q, k, v, g, beta the kernel receives."""
+    global _kernel_users, _kernel_original
+    handles = []
+
+    def mine() -> bool:
+        return getattr(_active, "recorder", None) is recorder
+
+    for name, layer, module in attention_models.lightning_modules(model):
+
+        def keep(_mod, _inputs, output, name=name, layer=layer, module=module):
+            if mine():
+                out = output.detach()
+                recorder.linear.append((name, layer, lambda: attention_models.decode_lightning(module, out)))
+
+        handles.append(module.qkv_proj.register_forward_hook(keep))
+    deltas = attention_models.delta_rule_modules(model)
+    for name, layer, module in deltas:
+
+        def enter(_mod, _inputs, name=name, layer=layer):
+            if mine():
+                recorder._current_delta = (name, layer)
+
+        def leave(_mod, _inputs, _output):
+            if mine():
+                recorder._current_delta = None
+
+        handles.append(module.register_forward_pre_hook(enter))
+        handles.append(module.register_forward_hook(leave))
+    owner, fname = attention_models.delta_rule_kernel() if deltas else (None, "")
+    if owner is not None:
+        with _patch_lock:
+            if _kernel_users == 0:
+                _kernel_original = getattr(owner, fname)
+                setattr(owner, fname, _delta_kernel_wrapper(_kernel_original))
+            _kernel_users += 1
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        if owner is not None:
+            with _patch_lock:
+                _kernel_users -= 1
+                if _kernel_users == 0:
+                    setattr(owner, fname, _kernel_original)
+                    _kernel_original = None
 
 
 def patch_active() -> bool:

@@ -11,9 +11,12 @@ from typing import Any
 # model_type -> what its non-softmax ("linear_attention" / "mamba") layers are.
 _LINEAR_LAYER = {
     "jamba": "Mamba layer (selective state-space scan): no attention map",
-    "minimax": "lightning attention layer (linear attention with a [d, d] state): no softmax map",
-    "qwen3_next": "gated DeltaNet layer (linear attention, delta rule): no softmax map",
-    "kimi_linear": "KDA layer (Kimi delta attention, linear): no softmax map",
+    "minimax": "lightning attention layer (linear attention with a [d, d] state): its projections were not "
+    "observed, no map",
+    "qwen3_next": "gated DeltaNet layer (linear attention, delta rule): its kernel inputs were not observed, "
+    "no map",
+    "kimi_linear": "KDA layer (Kimi delta attention, per-channel gated delta rule): attention-like map not "
+    "offered",
 }
 
 
@@ -43,3 +46,85 @@ def kv_geometry(config: Any) -> dict[str, Any]:
         "sliding_window": getattr(config, "sliding_window", None),
         "attention_chunk_size": getattr(config, "attention_chunk_size", None),
     }
+
+
+# ---- linear-attention layers whose attention-like map is exact -------------------------------------------
+# Each supported layer type is observed through its own projections / kernel inputs during the capture and
+# turned into (query, key, value, log_decay, beta) per head, [B, H, T, ...] fp32, such that the layer's
+# attention output (before its norm / gate / output projection) is exactly o_t = Σ_j A[t, j] v_j.
+#   "decay"       (MiniMax lightning attention):  A[t, j] = (q_t · k_j) · exp(L_t − L_j), j <= t,
+#                 L = cumsum(log_decay), log_decay = −s_h (the layer's slope_rate);
+#                 q, k, v = act(qkv_proj(x)).
+#   "delta"       (Qwen3-Next gated DeltaNet):    S_t = e^{g_t} (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ,
+#                 o_t = S_tᵀ q_t with q, k l2-normalised and q scaled by Dk^-½, so
+#                 A[t, j] = β_j k_j · r_j, r_t = q_t, r_{j−1} = e^{g_j} (r_j − β_j k_j (k_j · r_j)).
+def lightning_modules(model: Any) -> list[tuple[str, int, Any]]:
+    """(name, layer, module) of every MiniMax lightning-attention module (decayed linear attention)."""
+    found = []
+    for name, module in model.named_modules():
+        if type(module).__name__.endswith("LightningAttention") and all(
+            hasattr(module, a) for a in ("qkv_proj", "slope_rate", "act_fn", "head_dim", "layer_idx")
+        ):
+            found.append((name, int(module.layer_idx), module))
+    return found
+
+
+def decode_lightning(module: Any, qkv_out: Any) -> dict[str, Any]:
+    """q, k, v [B, H, T, D] and log_decay [B, H, T] from the recorded `qkv_proj` output, as the layer
+    computes them (activation, per-head split). Padding rows are excluded later by the map (keys of a
+    sequence are its real tokens only); the model zeroes them itself."""
+    import torch
+
+    with torch.no_grad():
+        qkv = module.act_fn(qkv_out)
+        b, t, _ = qkv.shape
+        h, d = module.num_attention_heads, module.head_dim
+        q, k, v = torch.split(qkv.reshape(b, t, h, 3 * d), d, dim=3)
+        slopes = module.slope_rate.reshape(-1).to(torch.float64)
+        log_decay = (-slopes)[None, :, None].expand(b, h, t)
+    return {
+        "kind": "decay",
+        "query": q.transpose(1, 2),
+        "key": k.transpose(1, 2),
+        "value": v.transpose(1, 2),
+        "log_decay": log_decay,
+        "beta": None,
+    }
+
+
+def delta_rule_modules(model: Any) -> list[tuple[str, int, Any]]:
+    """(name, layer, module) of every Qwen3-Next gated DeltaNet module."""
+    return [
+        (name, int(module.layer_idx), module)
+        for name, module in model.named_modules()
+        if type(module).__name__ == "Qwen3NextGatedDeltaNet"
+    ]
+
+
+def delta_rule_kernel() -> tuple[Any, str]:
+    """(python module, global name) of the chunked gated-delta-rule kernel the DeltaNet forward calls."""
+    from transformers.models.qwen3_next import modeling_qwen3_next
+
+    return modeling_qwen3_next, "torch_chunk_gated_delta_rule"
+
+
+def decode_delta(query, key, value, g, beta, initial_state, use_qk_l2norm_in_kernel) -> dict[str, Any]:
+    """Kernel inputs ([B, T, H, D], g/beta [B, T, Hv]) -> per-value-head q, k, v [B, Hv, T, D], as the
+    kernel prepares them (grouped heads repeated, fp32, l2norm, q scaled by Dk^-½)."""
+    import torch
+
+    if initial_state is not None:
+        raise ValueError("the delta-rule kernel started from a cached state: the map would be partial")
+    with torch.no_grad():
+        hk, hv = key.shape[2], value.shape[2]
+        if hk != hv:
+            query = query.repeat_interleave(hv // hk, dim=2)
+            key = key.repeat_interleave(hv // hk, dim=2)
+        query, key, value, g, beta = (
+            x.transpose(1, 2).to(torch.float32) for x in (query, key, value, g, beta)
+        )
+        if use_qk_l2norm_in_kernel:
+            query = query * torch.rsqrt((query * query).sum(-1, keepdim=True) + 1e-6)
+            key = key * torch.rsqrt((key * key).sum(-1, keepdim=True) + 1e-6)
+        query = query * query.shape[-1] ** -0.5
+    return {"kind": "delta", "query": query, "key": key, "value": value, "log_decay": g, "beta": beta}
