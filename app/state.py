@@ -7,6 +7,7 @@ concurrent sessions never see each other's routing. No model math here: everythi
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import tempfile
@@ -19,6 +20,7 @@ import streamlit as st
 
 import moeviz
 import moeviz.charts
+from moeviz.attention import AttentionCapture
 from moeviz.errors import ModelSourceError
 from moeviz.models.loading import DEFAULT_SAMPLE
 from moeviz.samples import DOMAINS, eval_batch
@@ -103,10 +105,31 @@ def get_model(source: str) -> moeviz.LoadedModel:
     return moeviz.load_model(check_source(source))
 
 
-@st.cache_data(show_spinner="Routing the prompt through the model…", max_entries=64)
+@st.cache_resource(show_spinner="Routing the prompt through the model…", max_entries=8)
+def _captured(source: str, text: str) -> moeviz.Trace:
+    """One forward of `text` with routing and (decoder-only models) attention, per (model, text).
+
+    A resource, not data: the attention capture holds a lock and its lazily computed summaries, so it
+    cannot be pickled; it is read-only and thread-safe, so sessions may share it. Few entries: the
+    capture keeps every layer's queries and keys (linear in tokens, but not small)."""
+    loaded = get_model(source)
+    return moeviz.capture(loaded, text, attention=not loaded.is_encoder_decoder)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
 def get_trace(source: str, text: str) -> moeviz.Trace:
-    """Routing of `text` through the model at `source` (cached per model and text)."""
-    return moeviz.capture(get_model(source), text)
+    """Routing of `text` through the model at `source` (cached per model and text; each session gets
+    its own copy). Attention is left out here: see `get_attention`."""
+    return dataclasses.replace(_captured(source, text), attention=None)
+
+
+def get_attention(source: str, text: str) -> AttentionCapture | None:
+    """The attention capture of `text` (None for models without one), shared by all sessions."""
+    try:
+        return _captured(source, text).attention
+    except moeviz.MoevizError as exc:
+        st.error(str(exc))
+        st.stop()
 
 
 def load_or_stop(source: str, text: str) -> moeviz.Trace:
@@ -325,3 +348,53 @@ def toggle(label: str, store_key: str, help: str | None = None) -> bool:
     remember(widget_key, store_key, [False, True])
     st.toggle(label, key=widget_key, help=help, on_change=keep, args=(widget_key, store_key))
     return bool(st.session_state[store_key])
+
+
+# ---- attention ----------------------------------------------------------------------------------------
+def clicked_head(*events) -> tuple[int, int] | None:
+    """(layer, head) clicked in any of the head-grid heatmaps (`moeviz.charts.HEAD_SELECTION`), if any."""
+    for event in events:
+        points = (event or {}).get("selection", {}).get(moeviz.charts.HEAD_SELECTION) or []
+        if points and int(points[0].get("head", -1)) >= 0:
+            return int(points[0]["layer"]), int(points[0]["head"])
+    return None
+
+
+def pick_head(layers: list[int], num_heads: int, clicked: tuple[int, int] | None) -> tuple[int, int]:
+    """Attention layer and head pickers (choices survive page switches: `attention_layer`,
+    `attention_head`); a newly clicked head-grid cell selects its layer and head."""
+    if clicked is not None and clicked != st.session_state.get("head_clicked") and clicked[0] in layers:
+        st.session_state["attention_layer"], st.session_state["attention_head"] = clicked
+    st.session_state["head_clicked"] = clicked
+    a, b = st.columns(2)
+    remember("attention_layer_widget", "attention_layer", layers)
+    a.selectbox(
+        "Attention layer",
+        layers,
+        key="attention_layer_widget",
+        on_change=keep,
+        args=("attention_layer_widget", "attention_layer"),
+        help="Decoder layers with a softmax attention map",
+    )
+    remember("attention_head_widget", "attention_head", list(range(num_heads)))
+    b.selectbox(
+        "Head",
+        list(range(num_heads)),
+        key="attention_head_widget",
+        on_change=keep,
+        args=("attention_head_widget", "attention_head"),
+        help="Or click a cell of the head grid",
+    )
+    return int(st.session_state["attention_layer"]), int(st.session_state["attention_head"])
+
+
+def number(label: str, store_key: str, default: int, lo: int, hi: int, help: str | None = None) -> int:
+    """An integer input whose value survives page switches (`st.session_state[store_key]`)."""
+    widget_key = f"{store_key}_widget"
+    kept = st.session_state.get(store_key, default)
+    st.session_state[store_key] = min(max(int(kept), lo), hi)
+    st.session_state[widget_key] = st.session_state[store_key]
+    st.number_input(
+        label, lo, hi, key=widget_key, step=1, help=help, on_change=keep, args=(widget_key, store_key)
+    )
+    return int(st.session_state[store_key])

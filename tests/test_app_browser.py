@@ -40,15 +40,33 @@ CHROMIUM_ARGS = [
 ]
 MODEL = "sample:mixtral-healthy"
 NEW_PROMPT = "def add(a, b): return a + b"
-SCREENSHOT = Path("/tmp/moeviz_app.png")
+# Screenshots of the main views, embedded in the README (MOEVIZ_SCREENSHOTS overrides the folder).
+SCREENSHOTS = Path(os.environ.get("MOEVIZ_SCREENSHOTS", REPO / "docs" / "screenshots"))
+VIEWPORT = {"width": 1200, "height": 1000}
 START_TIMEOUT_S = 90
 RENDER_TIMEOUT_S = 60
 
 Cell = tuple[str, int, bool]  # (token label, expert, dispatched)
 _CELL = re.compile(
-    r"^label: (?P<label>.*); expert: (?P<expert>\d+); .*dispatched: (?P<dispatched>true|false)$"
+    r"^label: (?P<label>.*?); expert: (?P<expert>\d+); .*dispatched: (?P<dispatched>true|false)$",
+    re.DOTALL,  # a token may hold a newline (the tooltip shows it raw)
 )
 _BAR = re.compile(r"^expert: (?P<expert>\d+); tokens dispatched: (?P<count>\d+);")
+
+
+def save_screenshot(page: Page, name: str, locator=None) -> None:
+    """The visible viewport (or one element) as SCREENSHOTS/name.png: small enough for the README."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    if locator is not None:  # a tall viewport, so the element fits in Streamlit's scrolling main area
+        page.set_viewport_size({"width": VIEWPORT["width"], "height": 2200})
+        page.wait_for_timeout(500)
+        wait_until_idle(page)
+        locator.scroll_into_view_if_needed()
+        locator.screenshot(path=str(path))
+        page.set_viewport_size(VIEWPORT)
+    else:
+        page.screenshot(path=str(path))
 
 
 def _free_port() -> int:
@@ -209,7 +227,7 @@ def assert_heatmap_shows(page: Page, expected: set[Cell], what: str) -> None:
 
 
 def test_routing_page_analyses_a_new_prompt(app_url: str, browser: Browser, loaded) -> None:
-    page = browser.new_page(viewport={"width": 1400, "height": 1700})
+    page = browser.new_page(viewport=VIEWPORT)
     try:
         page.goto(app_url, wait_until="domcontentloaded")
         prompt = page.locator(".st-key-routing_prompt textarea")
@@ -238,7 +256,8 @@ def test_routing_page_analyses_a_new_prompt(app_url: str, browser: Browser, load
         summary = layer_summary_frame(moeviz.capture(loaded, NEW_PROMPT)).set_index("layer").loc[1]
         max_share = page.locator('[data-testid="stMetric"]', has_text="Max share").inner_text()
         assert f"{summary['max_share']:.0%}" in max_share, max_share
-        page.screenshot(path=str(SCREENSHOT), full_page=True)
+        page.evaluate("window.scrollTo(0, 0)")
+        save_screenshot(page, "routing")
     finally:
         page.close()
 
@@ -252,7 +271,7 @@ PAGES = {  # navigation title -> (screenshot name, key of the container of the p
 
 
 def _open(browser: Browser, app_url: str) -> Page:
-    page = browser.new_page(viewport={"width": 1400, "height": 1700}, accept_downloads=True)
+    page = browser.new_page(viewport=VIEWPORT, accept_downloads=True)
     page.goto(app_url, wait_until="domcontentloaded")
     page.locator(".st-key-routing_prompt textarea").wait_for(timeout=RENDER_TIMEOUT_S * 1000)
     return page
@@ -286,7 +305,7 @@ def test_clicking_a_cell_opens_its_token(app_url: str, browser: Browser, loaded)
         assert f"Scores of '{label}'" in shown(), f"the drill-down never opened {label!r}"
         wait_until_idle(page)
         assert _marks(page, "token_scores") == len(moeviz.capture(loaded, example).layer_keys) * 8
-        page.screenshot(path="/tmp/moeviz_routing.png", full_page=True)
+        save_screenshot(page, "token_drilldown", page.locator(".st-key-drilldown"))
     finally:
         page.close()
 
@@ -321,6 +340,90 @@ def test_pages_render_and_a_csv_download_matches_the_library(app_url: str, brows
                 shown = pd.read_csv(io.BytesIO(Path(download.value.path()).read_bytes()))
                 expected = expert_balance_frame(trace)
                 pd.testing.assert_frame_equal(shown, expected.reset_index(drop=True), check_dtype=False)
-            page.screenshot(path=f"/tmp/moeviz_{name}.png", full_page=True)
+            page.evaluate("window.scrollTo(0, 0)")
+            save_screenshot(page, name)
+    finally:
+        page.close()
+
+
+SESSION_PROMPTS = [
+    "Mixture-of-experts models route every token to a few experts.",
+    "def mean(xs): return sum(xs) / len(xs)",
+    "La tour Eiffel est le monument le plus visité de Paris.",
+    "SELECT name, count(*) FROM users GROUP BY name;",
+    "The mitochondria is the powerhouse of the cell, they said.",
+    "for i in range(10):\n    print(i * i)",
+    "2 + 2 = 4, and 3 * 7 = 21; primes: 2, 3, 5, 7, 11.",
+    "Once upon a time, a small fox lived at the edge of a forest.",
+]
+
+
+def test_eight_concurrent_sessions_each_see_their_own_prompt(app_url: str, browser: Browser, loaded) -> None:
+    """Eight browser contexts (separate sessions, one Chromium) submit eight prompts at once; each heatmap
+    must show exactly its own prompt's routing, token by token, as the library computes it."""
+    contexts = [browser.new_context(viewport=VIEWPORT) for _ in SESSION_PROMPTS]
+    try:
+        pages = [context.new_page() for context in contexts]
+        for page in pages:
+            page.goto(app_url, wait_until="domcontentloaded")
+        for page, text in zip(pages, SESSION_PROMPTS, strict=True):
+            prompt = page.locator(".st-key-routing_prompt textarea")
+            prompt.wait_for(timeout=RENDER_TIMEOUT_S * 1000)
+            prompt.fill(text)
+        for page in pages:  # submit all before looking at any: the server handles them together
+            page.get_by_role("button", name="Analyse").click()
+        for page, text in zip(pages, SESSION_PROMPTS, strict=True):
+            assert_heatmap_shows(page, expected_cells(loaded, text, 0), f"layer 0 of {text!r}")
+            wait_until_idle(page)
+            num_tokens = len(moeviz.capture(loaded, text).tokens)
+            caption = page.get_by_text(re.compile(r"MixtralForCausalLM · \d+ tokens"))
+            assert f"· {num_tokens} tokens ·" in caption.inner_text(), (text, caption.inner_text())
+            assert page.locator(".st-key-routing_prompt textarea").input_value() == text
+    finally:
+        for context in contexts:
+            context.close()
+
+
+_HEAD_CELL = re.compile(r"^head: (?P<head>\d+); layer: (?P<layer>\d+);")
+
+
+def test_attention_page_shows_the_head_grid_and_a_clicked_head(
+    app_url: str, browser: Browser, loaded
+) -> None:
+    page = _open(browser, app_url)
+    try:
+        example = page.locator(".st-key-routing_prompt textarea").input_value()
+        att = moeviz.capture(loaded, example, attention=True).attention
+        page.get_by_role("link", name="Attention").click()
+        page.get_by_role("heading", level=1).filter(has_text="Attention").wait_for(
+            timeout=RENDER_TIMEOUT_S * 1000
+        )
+        grid = '.st-key-heads_mean_entropy [aria-roledescription="rect mark"]'
+        expected = sorted((layer, head) for layer in att.map_layers for head in range(4))
+
+        def shown_heads(page: Page) -> list[tuple[int, int]]:
+            cells = [_HEAD_CELL.match(text) for text in _aria_labels(page, grid)]
+            return sorted((int(m["layer"]), int(m["head"])) for m in cells if m)
+
+        assert wait_until_shown(page, shown_heads, expected) == expected
+        wait_until_idle(page)
+        num_tokens = len(att.lengths) and int(att.lengths[0])
+        assert _marks(page, "attention_map") == num_tokens * num_tokens
+
+        # clicking a head of the grid opens its map
+        cell = page.locator(f'{grid}[aria-label^="head: 1; layer: 2;"]').first
+        cell.scroll_into_view_if_needed()
+        cell.click(force=True)
+        title = page.locator(".st-key-attention_map")
+        deadline = time.monotonic() + RENDER_TIMEOUT_S
+        while "Layer 2, head 1" not in (title.text_content() or "") and time.monotonic() < deadline:
+            page.wait_for_timeout(250)
+        assert "Layer 2, head 1" in (title.text_content() or ""), "clicking a head did not open its map"
+        wait_until_idle(page)
+        errors = page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]')
+        assert errors.count() == 0, errors.first.inner_text()
+        page.locator(".st-key-heads_mean_entropy").scroll_into_view_if_needed()
+        save_screenshot(page, "attention")
+        save_screenshot(page, "attention_map", page.locator(".st-key-attention_map"))
     finally:
         page.close()

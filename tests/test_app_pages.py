@@ -9,7 +9,14 @@ from streamlit.testing.v1 import AppTest
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "app" / "streamlit_app.py"
-PAGES = ["pages/routing.py", "pages/load.py", "pages/structure.py", "pages/compare.py", "pages/about.py"]
+PAGES = [
+    "pages/routing.py",
+    "pages/load.py",
+    "pages/structure.py",
+    "pages/attention.py",
+    "pages/compare.py",
+    "pages/about.py",
+]
 MODELS = ["sample:mixtral-healthy", "sample:deepseek-v3-bias"]
 TIMEOUT_S = 60
 
@@ -32,6 +39,15 @@ def run_page(page: str, model: str, **state) -> AppTest:
     errors = [e.value for e in at.error]
     assert not errors, errors
     return at
+
+
+def chart_data(at: AppTest, title: str) -> list[dict]:
+    """Rows of the one chart whose spec contains `title` (Streamlit ships the data as Arrow)."""
+    import pyarrow as pa
+
+    (chart,) = [c for c in at.get("vega_lite_chart") if title in c.proto.spec]
+    (dataset,) = chart.proto.datasets
+    return pa.ipc.open_stream(dataset.data.data).read_all().to_pylist()
 
 
 def chart_count(at: AppTest) -> int:
@@ -77,3 +93,43 @@ def test_selections_survive_a_page_switch() -> None:
     assert at.select_slider(key="layer_widget").value == "2"
     assert at.selectbox(key="expert_widget").value == 5
     assert not at.exception
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_attention_page_shows_heads_map_and_kv_whatif(model: str) -> None:
+    import moeviz
+
+    at = run_page("pages/attention.py", model)
+    trace = moeviz.capture(moeviz.load_model(model), at.session_state["prompt"], attention=True)
+    att = trace.attention
+    keys = sorted(c.key or "" for c in at.get("vega_lite_chart"))
+    assert len(keys) == 6, keys  # four head-grid metrics, the map, the KV what-if
+    assert at.selectbox(key="attention_layer_widget").options == [str(x) for x in att.map_layers]
+    # the map is the chosen head's exact block: its cells equal the library's
+    n = len(trace.tokens)
+    expected = att.block(att.map_layers[0], 0, 0)
+    assert any(m.label == "KV bytes per token" for m in at.metric)
+    bytes_metric = next(m for m in at.metric if m.label == "KV bytes per token")
+    assert bytes_metric.value == f"{int(att.kv_cache_bytes_per_token()['bytes_per_token'].sum()):,}"
+    values = chart_data(at, "Layer 0, head 0")
+    shown = {(v["query_pos"], v["key_pos"]): v["weight"] for v in values}
+    assert len(shown) == n * n
+    for (i, j), w in shown.items():
+        assert abs(w - expected[i, j]) < 1e-9
+
+    # choosing another head redraws the map for it
+    at.selectbox(key="attention_head_widget").set_value(2).run()
+    assert not at.exception
+    assert any("Layer 0, head 2" in c.proto.spec for c in at.get("vega_lite_chart"))
+
+
+def test_token_drilldown_shows_its_attention_row() -> None:
+    import moeviz
+
+    at = run_page("pages/routing.py", MODELS[0])
+    trace = moeviz.capture(moeviz.load_model(MODELS[0]), at.session_state["prompt"], attention=True)
+    seq, pos = 0, int(at.selectbox(key="token_widget").value.split(":")[0])  # the token on show
+    values = chart_data(at, "Attention of ")
+    row = trace.attention.row(0, 0, seq, pos)
+    assert [v["key_pos"] for v in values] == list(range(pos + 1))
+    assert all(abs(v["weight"] - row[v["key_pos"]]) < 1e-9 for v in values)

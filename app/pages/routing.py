@@ -5,6 +5,8 @@ import streamlit as st
 
 from moeviz.analysis import confidence_frame, expert_load_frame, layer_summary_frame
 from moeviz.charts import (
+    attention_row_chart,
+    attention_row_frame,
     binned_dispatch_heatmap,
     expert_load_chart,
     expert_timeline_chart,
@@ -19,6 +21,7 @@ from moeviz.charts import (
 )
 
 MAX_TOKENS = 400  # tokens per heatmap window
+MAX_KEYS = 200  # keys shown of a token's attention row
 
 st.title("Routing")
 source = state.model_picker()
@@ -144,4 +147,27 @@ with st.container(key="drilldown"):
         )
     st.dataframe(mine_conf, hide_index=True)
     state.table_downloads(mine_conf, "token_confidence")
-st.info("Attention rows for this token will appear here once attention capture lands.", icon="ℹ")
+
+    st.markdown("**Its attention row**")
+    att = state.get_attention(source, text)
+    if att is None or not att.map_layers:
+        st.info("This model has no softmax attention map for this token.", icon="ℹ")
+    else:
+        layers = att.map_layers
+        if layer in layers and "attention_layer" not in st.session_state:
+            st.session_state["attention_layer"] = layer  # start at the MoE layer on show
+        att_layer, head = state.pick_head(layers, att.layers[layers[0]].num_heads, None)
+        seq_tokens = trace.tokens[trace.tokens["seq"] == seq]
+        row = attention_row_frame(att.row(att_layer, head, seq, pos), seq_tokens, pos=pos, max_keys=MAX_KEYS)
+        state.show_chart(
+            attention_row_chart(
+                row, title=f"Attention of {st.session_state['token']!r}, layer {att_layer}, head {head}"
+            ),
+            "token_attention",
+        )
+        st.caption(
+            "p_j = softmax_j(scaling · q · k_j + mask): the share of this token's attention on each "
+            f"earlier key (the last {MAX_KEYS} shown; exact, recomputed from the captured queries and keys). "
+            "The Attention page shows every head."
+        )
+        state.table_downloads(row, "token_attention")

@@ -1,6 +1,17 @@
 """Charts: one small pure function per view, a frame in, an `alt.Chart` out (no Streamlit, no torch)."""
 
 from moeviz.charts.about import bias_chart
+from moeviz.charts.attention import (
+    HEAD_METRICS,
+    HEAD_SELECTION,
+    attention_block_frame,
+    attention_map_chart,
+    attention_row_chart,
+    attention_row_frame,
+    head_grid_frame,
+    head_metric_heatmap,
+    kv_whatif_heatmap,
+)
 from moeviz.charts.binning import bin_rows, bin_size, binned_dispatch_heatmap
 from moeviz.charts.compare import agreement_chart, load_shift_heatmap
 from moeviz.charts.load import UNIFORM_VALUE, balance_chart, load_heatmap
@@ -20,9 +31,15 @@ from moeviz.charts.structure import coactivation_heatmap, path_chart, repetition
 from moeviz.charts.tables import dead_hot_experts, stack_scores, token_options
 
 __all__ = [
+    "HEAD_METRICS",
+    "HEAD_SELECTION",
     "TOKEN_SELECTION",
     "UNIFORM_VALUE",
     "agreement_chart",
+    "attention_block_frame",
+    "attention_map_chart",
+    "attention_row_chart",
+    "attention_row_frame",
     "balance_chart",
     "bias_chart",
     "bin_rows",
@@ -32,6 +49,9 @@ __all__ = [
     "dead_hot_experts",
     "expert_load_chart",
     "expert_timeline_chart",
+    "head_grid_frame",
+    "head_metric_heatmap",
+    "kv_whatif_heatmap",
     "load_heatmap",
     "load_shift_heatmap",
     "path_chart",

@@ -1,0 +1,270 @@
+"""App latency in the real browser: `python benchmarks/bench_app.py` prints the figures.
+
+Starts `streamlit run app/streamlit_app.py` on the default sample (mixtral-healthy) and drives it with
+Playwright in headless Debian Chromium (the flags of tests/test_app_browser.py). Measured, each from the
+user's action to the moment the browser has drawn the result (polled in the page every animation frame):
+
+1. submit a new 1,000-token prompt → heatmap rendered with its tokens (target < 3 s; a fresh prompt each
+   repetition, so every run includes the model forward);
+2. switch MoE layer with the slider → heatmap of the new layer rendered (target < 0.5 s; no model run);
+3. click a heatmap cell → the token's drill-down rendered (no model run);
+4. the longest prompt the model accepts (the sample's context: 2,048 tokens; a 32k prompt cannot be run by
+   this model and is refused with a message, timed as well) → binned overview and windowed heatmap rendered,
+   and the Attention page's head grid; meanwhile a heartbeat timer in the tab records the longest gap
+   between its ticks (a stalled tab shows up as a long gap) and Chromium's long tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from playwright.sync_api import Page, sync_playwright
+
+import moeviz
+from moeviz.samples import eval_batch
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "sample:mixtral-healthy"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TIMEOUT_MS = 120_000
+REPEATS = 3
+HEATMAP_CELLS = '.st-key-heatmap [aria-roledescription="rect mark"]'
+
+# Resolves when `check()` (a JS expression) holds and nothing on the page is stale; polled every frame.
+_WAIT_JS = """([check, timeout]) => new Promise((resolve, reject) => {
+  const ok = new Function('return (' + check + ')');
+  const start = performance.now();
+  const tick = () => {
+    if (performance.now() - start < 30) { requestAnimationFrame(tick); return; }  // let the action land
+    const stale = document.querySelector('[data-stale="true"]');
+    if (ok() && !stale) resolve(performance.now());
+    else if (performance.now() - start > timeout) reject(new Error('timed out waiting for ' + check +
+      (stale ? ' (stale elements left)' : '')));
+    else requestAnimationFrame(tick);
+  };
+  tick();
+})"""
+_HEARTBEAT_JS = """() => {
+  window.__gaps = []; let last = performance.now();
+  window.__beat = setInterval(() => { const now = performance.now(); window.__gaps.push(now - last);
+    last = now; }, 20);
+  window.__long = [];
+  try { new PerformanceObserver(l => l.getEntries().forEach(e => window.__long.push(e.duration)))
+          .observe({type: 'longtask', buffered: false}); } catch (e) {}
+}"""
+
+
+# Large heatmaps are drawn on a canvas (no DOM marks), so "rendered" = the canvas shows other pixels than
+# before the action (and nothing is stale); `__mark()` records the pixels before the action.
+_CANVAS = "document.querySelector('.st-key-heatmap canvas')"
+_MARK_JS = f"() => {{ const c = {_CANVAS}; window.__before = c ? c.toDataURL() : ''; }}"
+HEATMAP_CHANGED = f"({_CANVAS} !== null && {_CANVAS}.toDataURL() !== window.__before)"
+
+
+def caption_says(num_tokens: int) -> str:
+    """JS: the page caption gives the prompt's token count."""
+    return (
+        "[...document.querySelectorAll('[data-testid=\"stCaptionContainer\"]')]"
+        f".some(c => c.textContent.includes('· {num_tokens} tokens ·'))"
+    )
+
+
+def timed(page: Page, action, check: str) -> float:
+    """Seconds from `action()` to the first frame in which `check` holds (browser clock)."""
+    page.evaluate(_MARK_JS)
+    start = page.evaluate("() => performance.now()")
+    action()
+    end = page.evaluate(_WAIT_JS, [check, TIMEOUT_MS])
+    return (end - start) / 1000
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(log) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MOEVIZ_DEFAULT_MODEL": MODEL}
+    env.pop("MOEVIZ_MODEL_DIRS", None)
+    server = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "streamlit", "run", "app/streamlit_app.py", "--server.headless", "true"),
+            *(
+                "--server.port",
+                str(port),
+                "--server.address",
+                "127.0.0.1",
+                "--server.fileWatcherType",
+                "none",
+            ),
+            *("--browser.gatherUsageStats", "false"),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
+                if response.read().strip() == b"ok":
+                    return server, url
+        except OSError:
+            time.sleep(0.3)
+    server.kill()
+    raise RuntimeError("streamlit did not become healthy")
+
+
+def prompts(loaded, length: int, count: int) -> list[str]:
+    """`count` different texts of exactly `length` tokens, from the sample's evaluation corpus."""
+    ids = [i for window in eval_batch(loaded).token_ids for i in window]
+    texts = []
+    for k in range(count):
+        start = (k * 997) % max(len(ids) - length * 2, 1)
+        for n in range(length, length * 2):
+            text = loaded.tokenizer.decode(ids[start : start + n])
+            got = len(moeviz.capture(loaded, text).tokens)
+            if got >= length:
+                texts.append(text)
+                break
+    return texts
+
+
+def submit(page: Page, text: str):
+    def act() -> None:
+        box = page.locator(".st-key-routing_prompt textarea")
+        box.fill(text)
+        page.get_by_role("button", name="Analyse").click()
+
+    return act
+
+
+def report(name: str, values: list[float], target: float | None) -> None:
+    verdict = "" if target is None else ("  PASS" if max(values) < target else "  MISS") + f" (< {target} s)"
+    each = ", ".join(f"{v:.2f}" for v in values)
+    print(f"{name:<52} median {statistics.median(values):6.2f} s   [{each}]{verdict}", flush=True)
+
+
+def main() -> None:
+    loaded = moeviz.load_model(MODEL)
+    limit = loaded.max_length or 2048
+    print(f"moeviz app benchmark · {MODEL} · context {limit} tokens · {os.cpu_count()} CPUs")
+    thousand = prompts(loaded, 1000, REPEATS)
+    longest = prompts(loaded, limit, 1)[0]
+    with tempfile.TemporaryFile(mode="w+") as log, sync_playwright() as pw:
+        server, url = start_server(log)
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            t0 = time.perf_counter()
+            page.goto(url, wait_until="domcontentloaded")
+            page.evaluate(_WAIT_JS, [f"document.querySelectorAll('{HEATMAP_CELLS}').length > 0", TIMEOUT_MS])
+            first = time.perf_counter() - t0
+            print(f"{'first page (model load, example analysed)':<52} {first:6.2f} s", flush=True)
+
+            submits = [
+                timed(page, submit(page, text), f"{caption_says(1000)} && {HEATMAP_CHANGED}")
+                for text in thousand
+            ]
+            report("1,000-token prompt: submit → heatmap", submits, 3.0)
+
+            slider = page.get_by_role("slider", name="MoE layer")
+            switches = []
+            for key in ("ArrowRight", "ArrowRight", "ArrowRight", "Home"):  # layers 1, 2, 3, then 0
+                check = HEATMAP_CHANGED  # each layer draws other pixels
+                switches.append(timed(page, lambda k=key: slider.press(k), check))
+            report("switch MoE layer → heatmap (1,000 tokens)", switches, 0.5)
+
+            canvas = page.locator(".st-key-heatmap canvas")
+            canvas.scroll_into_view_if_needed()
+            box = canvas.bounding_box()
+            clicks = []
+            for fx in (0.2, 0.45, 0.7):  # a cell of the plot area: selects its token
+                page.evaluate(
+                    "() => { window.__title = document.querySelector('.st-key-token_scores')?.textContent; }"
+                )
+                check = "document.querySelector('.st-key-token_scores')?.textContent !== window.__title"
+                at = {"x": box["width"] * fx, "y": box["height"] * 0.4}
+                clicks.append(timed(page, lambda p=at: canvas.click(position=p), check))
+            report("click a token → drill-down (1,000 tokens)", clicks, 0.5)
+
+            page.evaluate(_HEARTBEAT_JS)
+            binned = (
+                "document.querySelectorAll('.st-key-binned [aria-roledescription=\"rect mark\"]').length > 0"
+            )
+            long_submit = timed(
+                page,
+                submit(page, longest),
+                f"{caption_says(limit)} && {HEATMAP_CHANGED} && {binned}",
+            )
+            report(f"{limit}-token prompt (longest accepted): submit → views", [long_submit], None)
+            long_switch = timed(
+                page,
+                lambda: slider.press("ArrowRight"),
+                HEATMAP_CHANGED,
+            )
+            report(f"switch MoE layer ({limit} tokens)", [long_switch], 0.5)
+            grid = (
+                "document.querySelectorAll(\".st-key-heads_mean_entropy [aria-roledescription='rect mark']\")"
+            )
+            shown = (
+                "document.querySelector('.st-key-attention_map canvas, .st-key-attention_map svg') !== null"
+            )
+            attention = timed(
+                page,
+                lambda: page.get_by_role("link", name="Attention").click(),
+                f"{grid}.length === 16 && {shown}",
+            )
+            report(f"Attention page, {limit} tokens: head grid + map", [attention], None)
+            gaps = page.evaluate("() => { clearInterval(window.__beat); return window.__gaps; }")
+            long_tasks = page.evaluate("() => window.__long")
+            marks = page.evaluate(
+                "() => document.querySelectorAll('[aria-roledescription$=\"mark\"]').length"
+            )
+            print(
+                f"{'  tab responsiveness during the long prompt':<52} "
+                f"longest heartbeat gap {max(gaps):.0f} ms, "
+                f"{len(long_tasks)} long tasks (max {max(long_tasks, default=0):.0f} ms); "
+                f"{marks} marks on the Attention page"
+            )
+
+            page.get_by_role("link", name="Routing").click()
+            page.evaluate(_WAIT_JS, [caption_says(limit), TIMEOUT_MS])
+            huge = " ".join([longest] * (32_768 // limit + 1))
+            refused = timed(
+                page,
+                submit(page, huge),
+                "(document.querySelector('[data-testid=\"stAlertContentError\"]')?.textContent || '')"
+                ".includes('context length')",
+            )
+            message = page.locator('[data-testid="stAlertContentError"]').first.inner_text()
+            report("32k-token prompt: refused with a message", [refused], None)
+            print(f"  the app says: {message.strip()[:150]}")
+        finally:
+            browser.close()
+            server.terminate()
+            server.wait(timeout=15)
+
+
+if __name__ == "__main__":
+    main()

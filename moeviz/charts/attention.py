@@ -1,0 +1,272 @@
+"""Attention views: the layer × head summary grid, one head's map over a visible window, one token's row and
+the KV-cache what-if. Frames in, `alt.Chart` out; the frames come from `Trace.attention` (no T × T map is
+ever needed: maps arrive as blocks the caller asked for)."""
+
+from __future__ import annotations
+
+import altair as alt
+import numpy as np
+import pandas as pd
+
+from moeviz.charts.routing import _FIT_WIDTH, token_label
+
+HEAD_SELECTION = "head"  # name of the head grid's click selection (fields layer, head)
+NO_MAP = "no map"
+# Head-summary metrics: column of `AttentionCapture.head_summary()` -> (title, colour scheme, one-line help).
+HEAD_METRICS: dict[str, tuple[str, str, str]] = {
+    "mean_entropy": (
+        "Entropy (nats)",
+        "viridis",
+        "H = −Σ_j p_j log p_j of each query's attention row, averaged over tokens: 0 = all mass on one key, "
+        "log(i+1) = spread evenly over the i+1 keys it can see.",
+    ),
+    "mean_mean_distance": (
+        "Mean distance (tokens)",
+        "oranges",
+        "d = Σ_j p_j (i − j): how far back, in tokens, a query looks on average (0 = at itself).",
+    ),
+    "mean_sink_mass": (
+        "Sink mass",
+        "reds",
+        "p_0: the share of attention on the first token. Heads that park most of their mass there are "
+        '"attention sinks" (kind sink when > 0.5).',
+    ),
+    "mean_local_mass": (
+        "Local mass",
+        "greens",
+        "Σ_{0 ≤ i−j < W} p_j: the share on the last W keys (the window chosen above). Kind local when > 0.5; "
+        "neither sink nor local = global.",
+    ),
+}
+
+
+def head_grid_frame(head_summary: pd.DataFrame) -> pd.DataFrame:
+    """`AttentionCapture.head_summary()` with every layer that has no map spread over all head columns
+    (value NaN, kind "no map", its reason), so the grid shows such layers as one labelled row."""
+    heads = head_summary[head_summary["head"] >= 0]
+    num_heads = int(heads["head"].max()) + 1 if len(heads) else 1
+    missing = head_summary[head_summary["head"] < 0]
+    spread = [
+        pd.DataFrame({"layer": int(layer), "head": range(num_heads), "kind": NO_MAP, "reason": reason})
+        for layer, reason in zip(missing["layer"], missing["reason"], strict=True)
+    ]
+    out = pd.concat([heads, *spread], ignore_index=True) if spread else heads.reset_index(drop=True)
+    out["reason"] = out["reason"].fillna("")
+    return out.sort_values(["layer", "head"], ignore_index=True)
+
+
+def head_metric_heatmap(
+    head_summary: pd.DataFrame, metric: str, *, selectable: bool = True, title: str | None = None
+) -> alt.LayerChart:
+    """Layer × head heatmap of one head-summary metric (a column named in `HEAD_METRICS`).
+
+    Input: `AttentionCapture.head_summary(window)` (layer, head, mean_* columns, kind, reason; layers without
+    a map have head −1). Heads run along x, layers down y; colour = the metric, the head's kind is written in
+    the cell (S = sink, L = local, G = global); layers without a map are grey with their reason on hover.
+    With `selectable`, clicking a cell selects the head (point selection `head` over layer and head).
+    """
+    if metric not in HEAD_METRICS:
+        raise ValueError(f"unknown metric {metric!r}; one of {sorted(HEAD_METRICS)}")
+    label, scheme, _ = HEAD_METRICS[metric]
+    grid = head_grid_frame(head_summary)
+    data = pd.DataFrame(
+        {
+            "layer": grid["layer"].astype(int),
+            "head": grid["head"].astype(int),
+            "value": grid[metric].astype(float) if metric in grid else np.nan,
+            "kind": grid["kind"].astype(str),
+            "reason": grid["reason"].astype(str),
+        }
+    )
+    data["mark"] = data["kind"].map({"sink": "S", "local": "L", "global": "G"}).fillna("—")
+    num_layers = int(data["layer"].nunique()) if len(data) else 1
+    tooltip = [
+        alt.Tooltip("layer:O"),
+        alt.Tooltip("head:O"),
+        alt.Tooltip("value:Q", format=".3f", title=label),
+        alt.Tooltip("kind:N"),
+        alt.Tooltip("reason:N"),
+    ]
+    base = alt.Chart(data).encode(
+        x=alt.X("head:O", axis=alt.Axis(title="head", labelAngle=0)),
+        y=alt.Y("layer:O", axis=alt.Axis(title="layer")),
+        tooltip=tooltip,
+    )
+    cells = base.mark_rect(stroke="white").encode(
+        color=alt.condition(
+            f"datum.kind == '{NO_MAP}'",
+            alt.value("#d9d9d9"),
+            alt.Color("value:Q", scale=alt.Scale(scheme=scheme), legend=alt.Legend(title=None)),
+        )
+    )
+    if selectable:
+        cells = cells.add_params(
+            alt.selection_point(name=HEAD_SELECTION, fields=["layer", "head"], on="click", clear="dblclick")
+        )
+    text = base.mark_text(fontSize=10, color="black", opacity=0.7).encode(text="mark:N")
+    return alt.layer(cells, text).properties(
+        title=alt.Title(title or label, subtitle="S sink · L local · G global · grey: no map"),
+        height=min(max(24 * num_layers, 96), 640),
+        autosize=_FIT_WIDTH,
+    )
+
+
+def attention_block_frame(
+    block: np.ndarray, rows: np.ndarray, cols: np.ndarray, tokens: pd.DataFrame
+) -> pd.DataFrame:
+    """Tidy cells of an attention block: one row per (query, key) with query_pos, key_pos, their labels
+    ("pos:token") and weight.
+
+    Input: `AttentionCapture.block(...)` [R, C], the R query and C key positions it covers, and the tokens of
+    that sequence (`Trace.tokens` rows of one seq, columns pos, token).
+    """
+    rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+    if block.shape != (len(rows), len(cols)):
+        raise ValueError(f"block {block.shape} does not match {len(rows)} rows × {len(cols)} columns")
+    text = dict(zip(tokens["pos"].astype(int), tokens["token"].astype(str), strict=True))
+    labels = {int(p): token_label(int(p), text.get(int(p), "?")) for p in np.union1d(rows, cols)}
+    q, k = np.meshgrid(rows, cols, indexing="ij")
+    return pd.DataFrame(
+        {
+            "query_pos": q.ravel(),
+            "key_pos": k.ravel(),
+            "query": [labels[int(p)] for p in q.ravel()],
+            "key": [labels[int(p)] for p in k.ravel()],
+            "weight": np.asarray(block, dtype=np.float64).ravel(),
+        }
+    )
+
+
+def attention_map_chart(block_frame: pd.DataFrame, *, title: str | None = None) -> alt.Chart:
+    """Query × key heatmap of one head over a window (the cells of `attention_block_frame`).
+
+    Queries run down y, keys along x, both in position order; colour = attention weight p_ij (row-normalised
+    over *all* keys, so a window's rows need not sum to 1); masked (future) keys are 0. Tooltip: query, key,
+    weight. The caller chooses the window: the chart carries exactly the cells it is given.
+    """
+    data = block_frame[["query_pos", "key_pos", "query", "key", "weight"]]
+    num_rows = int(data["query_pos"].nunique()) if len(data) else 0
+    num_cols = int(data["key_pos"].nunique()) if len(data) else 0
+    axis = {"labelLimit": 90, "labelOverlap": True}
+    return (
+        alt.Chart(data)
+        .mark_rect()
+        .encode(
+            x=alt.X(
+                "key:N",
+                sort=alt.EncodingSortField(field="key_pos", op="min"),
+                axis=alt.Axis(title="key (pos:token)", labelAngle=-90, **axis),
+            ),
+            y=alt.Y(
+                "query:N",
+                sort=alt.EncodingSortField(field="query_pos", op="min"),
+                axis=alt.Axis(title="query (pos:token)", **axis),
+            ),
+            color=alt.Color(
+                "weight:Q", scale=alt.Scale(scheme="greys", domain=[0, 1]), legend=alt.Legend(title="p")
+            ),
+            tooltip=[
+                alt.Tooltip("query:N"),
+                alt.Tooltip("key:N"),
+                alt.Tooltip("weight:Q", format=".4f"),
+            ],
+        )
+        .properties(
+            title=alt.Title(title or "Attention map", subtitle=f"{num_rows} queries × {num_cols} keys"),
+            height=min(max(14 * num_rows, 160), 640),
+            autosize=_FIT_WIDTH,
+        )
+    )
+
+
+def attention_row_frame(
+    row: np.ndarray, tokens: pd.DataFrame, *, pos: int, max_keys: int = 200
+) -> pd.DataFrame:
+    """The last `max_keys` keys up to and including `pos` of one token's attention row, as a tidy frame.
+
+    Input: `AttentionCapture.row(layer, head, seq, pos)` [L] and the tokens of that sequence (pos, token).
+    Output: key_pos, key (label), weight, distance (pos − key_pos). The mass left out is 1 − Σ weight of the
+    returned rows (the keys further back).
+    """
+    if max_keys < 1:
+        raise ValueError(f"max_keys must be >= 1, got {max_keys}")
+    lo = max(0, int(pos) - max_keys + 1)
+    keys = np.arange(lo, min(int(pos) + 1, len(row)))
+    text = dict(zip(tokens["pos"].astype(int), tokens["token"].astype(str), strict=True))
+    return pd.DataFrame(
+        {
+            "key_pos": keys,
+            "key": [token_label(int(k), text.get(int(k), "?")) for k in keys],
+            "weight": np.asarray(row, dtype=np.float64)[keys],
+            "distance": int(pos) - keys,
+        }
+    )
+
+
+def attention_row_chart(row_frame: pd.DataFrame, *, title: str | None = None) -> alt.Chart:
+    """Bars of one token's attention over the keys before it (`attention_row_frame`), in position order.
+
+    Height = attention weight p_j; the subtitle gives the mass shown (less than 1 when earlier keys were
+    left out of the window). Tooltip: key, distance, weight.
+    """
+    shown = float(row_frame["weight"].sum()) if len(row_frame) else 0.0
+    return (
+        alt.Chart(row_frame)
+        .mark_bar(color="#4c78a8")
+        .encode(
+            x=alt.X(
+                "key:N",
+                sort=alt.EncodingSortField(field="key_pos", op="min"),
+                axis=alt.Axis(title="key (pos:token)", labelAngle=-90, labelLimit=90, labelOverlap=True),
+            ),
+            y=alt.Y("weight:Q", scale=alt.Scale(domain=[0, 1]), title="attention p"),
+            tooltip=[
+                alt.Tooltip("key:N"),
+                alt.Tooltip("distance:Q", title="tokens back"),
+                alt.Tooltip("weight:Q", format=".4f"),
+            ],
+        )
+        .properties(
+            title=alt.Title(
+                title or "Attention row", subtitle=f"{len(row_frame)} keys shown, holding {shown:.1%} of it"
+            ),
+            height=200,
+            autosize=_FIT_WIDTH,
+        )
+    )
+
+
+def kv_whatif_heatmap(whatif: pd.DataFrame, *, title: str | None = None) -> alt.LayerChart:
+    """Layer × head heatmap of the attention mass a head would lose under a windowed KV cache.
+
+    Input: `AttentionCapture.kv_cache_whatif(window, global_tokens)` (layer, head, mean_lost, p95_lost,
+    max_lost, ...). Colour = mean mass lost per token (0 = the window + global tokens keep everything); the
+    cell text is that share in percent; tooltip adds p95 and max.
+    """
+    data = whatif[["layer", "head", "mean_lost", "p95_lost", "max_lost"]].astype(
+        {"layer": int, "head": int, "mean_lost": float, "p95_lost": float, "max_lost": float}
+    )
+    data = data.assign(text=[f"{v:.0%}" for v in data["mean_lost"]])
+    num_layers = int(data["layer"].nunique()) if len(data) else 1
+    base = alt.Chart(data).encode(
+        x=alt.X("head:O", axis=alt.Axis(title="head", labelAngle=0)),
+        y=alt.Y("layer:O", axis=alt.Axis(title="layer")),
+        tooltip=[
+            alt.Tooltip("layer:O"),
+            alt.Tooltip("head:O"),
+            alt.Tooltip("mean_lost:Q", format=".2%", title="mean lost"),
+            alt.Tooltip("p95_lost:Q", format=".2%", title="p95 lost"),
+            alt.Tooltip("max_lost:Q", format=".2%", title="max lost"),
+        ],
+    )
+    cells = base.mark_rect(stroke="white").encode(
+        color=alt.Color(
+            "mean_lost:Q", scale=alt.Scale(scheme="reds", domain=[0, 1]), legend=alt.Legend(title="lost")
+        )
+    )
+    text = base.mark_text(fontSize=10, color="black").encode(text="text:N")
+    return alt.layer(cells, text).properties(
+        title=alt.Title(title or "Attention mass lost", subtitle="mean over tokens; hover for p95 and max"),
+        height=min(max(24 * num_layers, 96), 640),
+        autosize=_FIT_WIDTH,
+    )
