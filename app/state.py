@@ -37,11 +37,26 @@ class FolderNotAllowedError(ModelSourceError):
     """The folder lies outside the roots this server was told to serve (`MOEVIZ_MODEL_DIRS`)."""
 
 
-def model_roots() -> list[Path] | None:
-    """Folders local models may be opened from (`MOEVIZ_MODEL_DIRS`, os.pathsep-separated); None = any."""
-    raw = os.environ.get("MOEVIZ_MODEL_DIRS", "")
+def allowed_roots(variable: str) -> list[Path] | None:
+    """Folders listed in environment variable `variable` (os.pathsep-separated); None = any folder."""
+    raw = os.environ.get(variable, "")
     roots = [Path(part).expanduser().resolve() for part in raw.split(os.pathsep) if part.strip()]
     return roots or None
+
+
+def folder_inside(text: str, variable: str, what: str) -> Path:
+    """`text` resolved (symlinks followed); FolderNotAllowedError unless inside `allowed_roots(variable)`."""
+    folder = Path(text).expanduser().resolve()
+    roots = allowed_roots(variable)
+    if roots is not None and not any(folder.is_relative_to(root) for root in roots):
+        allowed = ", ".join(str(root) for root in roots)
+        raise FolderNotAllowedError(f"{folder} is outside the {what} folders this server may open: {allowed}")
+    return folder
+
+
+def model_roots() -> list[Path] | None:
+    """Folders local models may be opened from (`MOEVIZ_MODEL_DIRS`); None = any."""
+    return allowed_roots("MOEVIZ_MODEL_DIRS")
 
 
 def default_model() -> str:
@@ -56,12 +71,7 @@ def check_source(source: str) -> str:
         return text
     if not text:
         raise ModelSourceError("enter the path of a local Hugging Face model folder")
-    folder = Path(text).expanduser().resolve()
-    roots = model_roots()
-    if roots is not None and not any(folder.is_relative_to(root) for root in roots):
-        allowed = ", ".join(str(root) for root in roots)
-        raise FolderNotAllowedError(f"{folder} is outside the model folders this server may open ({allowed})")
-    return str(folder)
+    return str(folder_inside(text, "MOEVIZ_MODEL_DIRS", "model"))
 
 
 def model_picker() -> str:

@@ -1,6 +1,5 @@
 """Corpus: routing at corpus scale from a Parquet store — load, balance and domain specialisation."""
 
-import os
 import tempfile
 import threading
 from pathlib import Path
@@ -19,26 +18,11 @@ OPEN = "Open a store folder…"
 WINDOWS = 2  # windows of 256 tokens per evaluation domain: a few seconds on the CPU
 
 
-class StoreNotAllowedError(state.FolderNotAllowedError):
-    """The store folder lies outside `MOEVIZ_STORE_DIRS`."""
-
-
-def store_roots() -> list[Path] | None:
-    """Folders stores may be opened from (`MOEVIZ_STORE_DIRS`, os.pathsep-separated); None = any."""
-    raw = os.environ.get("MOEVIZ_STORE_DIRS", "")
-    roots = [Path(part).expanduser().resolve() for part in raw.split(os.pathsep) if part.strip()]
-    return roots or None
-
-
 def check_store(text: str) -> str:
-    """A store folder, resolved (symlinks followed) and inside `store_roots()`, as `state.check_source`."""
+    """A store folder, resolved (symlinks followed) and inside `MOEVIZ_STORE_DIRS` when that is set."""
     if not text.strip():
         raise moeviz.MoevizError("enter the path of a store folder (made by `moeviz trace --out`)")
-    folder = Path(text.strip()).expanduser().resolve()
-    roots = store_roots()
-    if roots is not None and not any(folder.is_relative_to(root) for root in roots):
-        allowed = ", ".join(str(root) for root in roots)
-        raise StoreNotAllowedError(f"{folder} is outside the store folders this server may open ({allowed})")
+    folder = state.folder_inside(text.strip(), "MOEVIZ_STORE_DIRS", "store")
     if not folder.is_dir():
         raise StoreError(f"{folder} is not a folder")
     return str(folder)
@@ -92,7 +76,7 @@ try:
         )
         store = sample_store(source)
     else:
-        roots = store_roots()
+        roots = state.allowed_roots("MOEVIZ_STORE_DIRS")
         hint = "Any local folder." if roots is None else "Inside: " + ", ".join(map(str, roots))
         store = check_store(st.text_input("Store folder", key="store_folder", help=hint))
     full = StoreQuery(store)
