@@ -19,17 +19,16 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from moeviz.capture.hooks import Restore, shared_hooks
 from moeviz.models import attention as attention_models
 
 _active = threading.local()
-_patch_lock = threading.Lock()
-_patch_users = 0
 _ROW_CHUNK = 1024  # query rows per step when reducing a [B, 1, T, S] mask to intervals (bounded temp memory)
 
 
@@ -199,36 +198,29 @@ def _interface():
 def recording_attention(model: nn.Module) -> Iterator[AttentionRecorder]:
     """Record every attention-function call of `model` on this thread for the duration of the block.
 
-    The wrapper on `ALL_ATTENTION_FUNCTIONS.get_interface` is reference-counted across threads and removed
-    by the last user, also when the block raises.
+    The wrapper on `ALL_ATTENTION_FUNCTIONS.get_interface` is shared by concurrent captures and removed by
+    the last one, also when the block raises.
     """
-    global _patch_users
     recorder = AttentionRecorder(modules=attention_modules(model))
     registry = _interface()
-    with _patch_lock:
-        if _patch_users == 0:
-            # An instance attribute shadows the class method for this (shared, global) registry only.
-            registry.get_interface = _patched_get_interface.__get__(registry)
-        _patch_users += 1
-    previous = getattr(_active, "recorder", None)
-    _active.recorder = recorder
-    try:
-        with _linear_hooks(model, recorder):
-            yield recorder
-    finally:
-        _active.recorder = previous
-        with _patch_lock:
-            _patch_users -= 1
-            if _patch_users == 0:
-                registry.__dict__.pop("get_interface", None)
+
+    def install() -> list[Restore]:
+        # An instance attribute shadows the class method for this (shared, global) registry only.
+        registry.get_interface = _patched_get_interface.__get__(registry)
+        return [Restore(lambda: registry.__dict__.pop("get_interface", None))]
+
+    with shared_hooks(registry, "attention-interface", install):
+        previous = getattr(_active, "recorder", None)
+        _active.recorder = recorder
+        try:
+            with _linear_hooks(model, recorder):
+                yield recorder
+        finally:
+            _active.recorder = previous
             recorder._mask_cache.clear()
 
 
 # ---- linear-attention layers ----------------------------------------------------------------------------
-_kernel_users = 0
-_kernel_original: Callable | None = None
-
-
 def _delta_kernel_wrapper(original: Callable) -> Callable:
     def recording_delta_rule(query, key, value, g, beta, *args, **kwargs):
         recorder = getattr(_active, "recorder", None)
@@ -253,7 +245,6 @@ def _linear_hooks(model: nn.Module, recorder: AttentionRecorder) -> Iterator[Non
     removed. MiniMax: a forward hook on `qkv_proj` keeps a reference to its output. Qwen3-Next: a pre-hook
     marks the running DeltaNet module and the (reference-counted, thread-checked) kernel wrapper keeps
     references to the q, k, v, g, beta the kernel receives."""
-    global _kernel_users, _kernel_original
     handles = []
 
     def mine() -> bool:
@@ -281,23 +272,20 @@ def _linear_hooks(model: nn.Module, recorder: AttentionRecorder) -> Iterator[Non
         handles.append(module.register_forward_pre_hook(enter))
         handles.append(module.register_forward_hook(leave))
     owner, fname = attention_models.delta_rule_kernel() if deltas else (None, "")
-    if owner is not None:
-        with _patch_lock:
-            if _kernel_users == 0:
-                _kernel_original = getattr(owner, fname)
-                setattr(owner, fname, _delta_kernel_wrapper(_kernel_original))
-            _kernel_users += 1
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
+
+    def wrap_kernel() -> list[Restore]:
+        original = getattr(owner, fname)
+        setattr(owner, fname, _delta_kernel_wrapper(original))
+        return [Restore(lambda: setattr(owner, fname, original))]
+
+    with ExitStack() as stack:
         if owner is not None:
-            with _patch_lock:
-                _kernel_users -= 1
-                if _kernel_users == 0:
-                    setattr(owner, fname, _kernel_original)
-                    _kernel_original = None
+            stack.enter_context(shared_hooks(owner, f"kernel:{fname}", wrap_kernel))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
 
 def patch_active() -> bool:

@@ -8,7 +8,7 @@ each hook writes to the recorder of the thread that is running the forward, so c
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,14 +32,51 @@ class Recorder:
         return cls([[] for _ in range(n_sites)], [[] for _ in range(n_sites)])
 
 
+class Restore:
+    """A handle whose `remove()` undoes a patch (for `shared_hooks`)."""
+
+    def __init__(self, undo: Callable[[], None]) -> None:
+        self.remove = undo
+
+
 @dataclass
 class _HookSet:
     users: int = 0
     handles: list[Any] = field(default_factory=list)
 
 
-_registry: dict[int, _HookSet] = {}
+_registry: dict[tuple[int, str], _HookSet] = {}
 _registry_lock = threading.Lock()
+
+
+@contextmanager
+def shared_hooks(owner: object, kind: str, install: Callable[[], list[Any]]) -> Iterator[None]:
+    """Hooks (or patches) of one `kind` on `owner` (a model, a registry), installed by the first concurrent
+    user (`install()` returns handles with `.remove()`) and removed when the last one leaves, also on error.
+    What the hooks do per call is decided by thread-local state, so users on different threads never see
+    each other's data."""
+    key = (id(owner), kind)
+    with _registry_lock:
+        hooks = _registry.setdefault(key, _HookSet())
+        if hooks.users == 0:
+            hooks.handles.extend(install())
+        hooks.users += 1
+    try:
+        yield
+    finally:
+        with _registry_lock:
+            hooks.users -= 1
+            if hooks.users == 0:
+                for handle in hooks.handles:
+                    handle.remove()
+                hooks.handles.clear()
+                _registry.pop(key, None)
+
+
+def installed_hook_count(model: nn.Module, kind: str) -> int:
+    """How many hooks of `kind` are on `model` now (0 when no call is running)."""
+    hooks = _registry.get((id(model), kind))
+    return 0 if hooks is None else len(hooks.handles)
 
 
 def _router_hook(index: int):
@@ -63,28 +100,20 @@ def _experts_hook(index: int):
 @contextmanager
 def recording(model: nn.Module, sites: list[MoESite]) -> Iterator[Recorder]:
     """Record routing on this thread for the duration of the block; hooks are gone afterwards."""
+
+    def install() -> list[Any]:
+        handles = []
+        for index, site in enumerate(sites):
+            handles.append(site.router.register_forward_hook(_router_hook(index)))
+            if site.experts is not None and site.needs_expert_args:
+                handles.append(site.experts.register_forward_pre_hook(_experts_hook(index), with_kwargs=True))
+        return handles
+
     recorder = Recorder.for_sites(len(sites))
-    key = id(model)
-    with _registry_lock:
-        hooks = _registry.setdefault(key, _HookSet())
-        if hooks.users == 0:
-            for index, site in enumerate(sites):
-                hooks.handles.append(site.router.register_forward_hook(_router_hook(index)))
-                if site.experts is not None and site.needs_expert_args:
-                    hooks.handles.append(
-                        site.experts.register_forward_pre_hook(_experts_hook(index), with_kwargs=True)
-                    )
-        hooks.users += 1
-    previous = getattr(_active, "recorder", None)
-    _active.recorder = recorder
-    try:
-        yield recorder
-    finally:
-        _active.recorder = previous
-        with _registry_lock:
-            hooks.users -= 1
-            if hooks.users == 0:
-                for handle in hooks.handles:
-                    handle.remove()
-                hooks.handles.clear()
-                _registry.pop(key, None)
+    with shared_hooks(model, "routing", install):
+        previous = getattr(_active, "recorder", None)
+        _active.recorder = recorder
+        try:
+            yield recorder
+        finally:
+            _active.recorder = previous

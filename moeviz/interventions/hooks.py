@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from moeviz.capture.hooks import installed_hook_count as shared_hook_count
+from moeviz.capture.hooks import shared_hooks
 from moeviz.models.dispatch import read_decision, write_decision
 from moeviz.models.sites import MoESite
 
@@ -39,16 +41,6 @@ class Probe:
     keep_logits: set[int] = field(default_factory=set)
     stop_after: int | None = None  # site index whose router ends the forward (raises StopForward)
     logits: dict[int, torch.Tensor] = field(default_factory=dict)  # site index -> [N, E] (with grad)
-
-
-@dataclass
-class _HookSet:
-    users: int = 0
-    handles: list[Any] = field(default_factory=list)
-
-
-_registry: dict[int, _HookSet] = {}
-_registry_lock = threading.Lock()
 
 
 def _router_logits(site: MoESite, output: Any) -> torch.Tensor:
@@ -96,35 +88,26 @@ def _experts_hook(index: int, site: MoESite):
 @contextmanager
 def probing(model: nn.Module, sites: list[MoESite], probe: Probe) -> Iterator[Probe]:
     """Run `probe` on this thread for the duration of the block; hooks are gone afterwards."""
-    key = id(model)
-    with _registry_lock:
-        hooks = _registry.setdefault(key, _HookSet())
-        if hooks.users == 0:
-            for index, site in enumerate(sites):
-                hooks.handles.append(site.router.register_forward_hook(_router_hook(index, site)))
-                if site.experts is not None:
-                    hooks.handles.append(
-                        site.experts.register_forward_pre_hook(
-                            _experts_hook(index, site), with_kwargs=True, prepend=True
-                        )
-                    )
-        hooks.users += 1
-    previous = getattr(_active, "probe", None)
-    _active.probe = probe
-    try:
-        yield probe
-    finally:
-        _active.probe = previous
-        with _registry_lock:
-            hooks.users -= 1
-            if hooks.users == 0:
-                for handle in hooks.handles:
-                    handle.remove()
-                hooks.handles.clear()
-                _registry.pop(key, None)
+
+    def install() -> list[Any]:
+        handles = []
+        for index, site in enumerate(sites):
+            handles.append(site.router.register_forward_hook(_router_hook(index, site)))
+            if site.experts is not None:
+                # prepend: rewrite the decision before a capture in the same thread records it
+                hook = _experts_hook(index, site)
+                handles.append(site.experts.register_forward_pre_hook(hook, with_kwargs=True, prepend=True))
+        return handles
+
+    with shared_hooks(model, "interventions", install):
+        previous = getattr(_active, "probe", None)
+        _active.probe = probe
+        try:
+            yield probe
+        finally:
+            _active.probe = previous
 
 
 def installed_hook_count(model: nn.Module) -> int:
     """How many intervention hooks are on `model` now (0 when no call is running): for tests."""
-    hooks = _registry.get(id(model))
-    return 0 if hooks is None else len(hooks.handles)
+    return shared_hook_count(model, "interventions")
