@@ -125,22 +125,27 @@ class StoreQuery:
             return int(info["num_experts"])
         return int(per_expert["expert"].max()) + 1 if len(per_expert) else 0
 
+    def _layer_counts(self, row, per_expert: pd.DataFrame) -> tuple[tuple, np.ndarray]:
+        """(run/layer key, tokens per expert [E]) of one per-layer row, experts with no token included."""
+        key = (row.model, row.checkpoint, row.site, int(row.layer))
+        sel = per_expert[
+            (per_expert.model == row.model)
+            & (per_expert.checkpoint == row.checkpoint)
+            & (per_expert.site == row.site)
+            & (per_expert.layer == row.layer)
+        ]
+        counts = np.zeros(self._num_experts(key, sel), np.int64)
+        counts[sel["expert"].to_numpy()] = sel["count"].to_numpy()
+        return key, counts
+
     def expert_load(self) -> pd.DataFrame:
         """Per (model, checkpoint, site, layer, expert): count, share (of dispatched slots), utilisation
         (count / fair share) — as `expert_load_frame`, experts with no token included."""
         per_expert, per_layer = self._counts()
         parts = []
         for row in per_layer.itertuples(index=False):
-            key = (row.model, row.checkpoint, row.site, int(row.layer))
-            sel = per_expert[
-                (per_expert.model == row.model)
-                & (per_expert.checkpoint == row.checkpoint)
-                & (per_expert.site == row.site)
-                & (per_expert.layer == row.layer)
-            ]
-            e = self._num_experts(key, sel)
-            counts = np.zeros(e, np.int64)
-            counts[sel["expert"].to_numpy()] = sel["count"].to_numpy()
+            _, counts = self._layer_counts(row, per_expert)
+            e = len(counts)
             total = counts.sum()
             parts.append(
                 pd.DataFrame(
@@ -169,16 +174,8 @@ class StoreQuery:
         meta = self.layer_meta()
         rows = []
         for row in per_layer.itertuples(index=False):
-            key = (row.model, row.checkpoint, row.site, int(row.layer))
-            sel = per_expert[
-                (per_expert.model == row.model)
-                & (per_expert.checkpoint == row.checkpoint)
-                & (per_expert.site == row.site)
-                & (per_expert.layer == row.layer)
-            ]
-            e = self._num_experts(key, sel)
-            counts = np.zeros(e, np.int64)
-            counts[sel["expert"].to_numpy()] = sel["count"].to_numpy()
+            key, counts = self._layer_counts(row, per_expert)
+            e = len(counts)
             k = int(meta.get(key, {}).get("k", row.top_k))
             stats = balance_from_counts(counts, int(row.tokens), k, int(row.dropped), devices)
             rows.append(
