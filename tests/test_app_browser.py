@@ -427,3 +427,30 @@ def test_attention_page_shows_the_head_grid_and_a_clicked_head(
         save_screenshot(page, "attention_map", page.locator(".st-key-attention_map"))
     finally:
         page.close()
+
+
+def test_why_page_runs_a_what_if_and_an_attribution(app_url: str, browser: Browser, loaded) -> None:
+    """Both "Why this expert?" controls work in the browser: the what-if reports a log-prob and the
+    predicted next token; Explain draws the attribution strip over the prompt's tokens."""
+    page = _open(browser, app_url)
+    try:
+        example = page.locator(".st-key-routing_prompt textarea").input_value()
+        page.get_by_role("link", name="Why this expert?").click()
+        page.get_by_role("heading", level=1).filter(has_text="Why this expert").wait_for(
+            timeout=RENDER_TIMEOUT_S * 1000
+        )
+        page.get_by_role("button", name="Run what-if").click()
+        page.get_by_text("Predicted next token").wait_for(timeout=RENDER_TIMEOUT_S * 1000)
+        label = page.get_by_text("after the prompt").first.text_content() or ""
+        expected_next = moeviz.capture(loaded, example).tokens["predicted_id"].iloc[-1]
+        assert (
+            repr(loaded.tokenizer.decode([int(expected_next)])) in label
+        )  # log p(next token) of this prompt
+        page.get_by_role("button", name="Explain").click()
+        page.get_by_text("IG convergence delta").wait_for(timeout=RENDER_TIMEOUT_S * 1000)
+        strip = page.locator('[aria-roledescription="rect mark"], [aria-roledescription="text mark"]')
+        strip.first.wait_for(timeout=RENDER_TIMEOUT_S * 1000)
+        wait_until_idle(page)
+        save_screenshot(page, "why")
+    finally:
+        page.close()

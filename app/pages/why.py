@@ -15,6 +15,8 @@ trace = state.load_or_stop(source, prompt)
 loaded = state.get_model(source)
 tokens = trace.tokens[trace.tokens["seq"] == 0]
 options = {f"{int(p)}: {t!r}": (0, int(p)) for p, t in zip(tokens["pos"], tokens["token"], strict=True)}
+# Explaining the first token explains nothing (it sees only itself): default to the last one.
+st.session_state.setdefault("token", list(options)[-1])
 _, pos = state.pick_token(options, None)
 site, layer = state.pick_layer(trace)
 routing = trace.layer(layer, site)
