@@ -17,31 +17,16 @@ user's action to the moment the browser has drawn the result (polled in the page
 from __future__ import annotations
 
 import os
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-import urllib.request
-from pathlib import Path
 
 from playwright.sync_api import Page, sync_playwright
 
 import moeviz
 from moeviz.samples import eval_batch
+from moeviz.testing.app_server import CHROMIUM, CHROMIUM_ARGS, running_app
 
-REPO = Path(__file__).resolve().parents[1]
 MODEL = "sample:mixtral-healthy"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 TIMEOUT_MS = 120_000
 REPEATS = 3
 HEATMAP_CELLS = '.st-key-heatmap [aria-roledescription="rect mark"]'
@@ -94,47 +79,6 @@ def timed(page: Page, action, check: str) -> float:
     return (end - start) / 1000
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_server(log) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MOEVIZ_DEFAULT_MODEL": MODEL}
-    env.pop("MOEVIZ_MODEL_DIRS", None)
-    server = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "streamlit", "run", "app/streamlit_app.py", "--server.headless", "true"),
-            *(
-                "--server.port",
-                str(port),
-                "--server.address",
-                "127.0.0.1",
-                "--server.fileWatcherType",
-                "none",
-            ),
-            *("--browser.gatherUsageStats", "false"),
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                if response.read().strip() == b"ok":
-                    return server, url
-        except OSError:
-            time.sleep(0.3)
-    server.kill()
-    raise RuntimeError("streamlit did not become healthy")
-
-
 def prompts(loaded, length: int, count: int) -> list[str]:
     """`count` different texts of exactly `length` tokens, from the sample's evaluation corpus."""
     ids = [i for window in eval_batch(loaded).token_ids for i in window]
@@ -171,9 +115,8 @@ def main() -> None:
     print(f"moeviz app benchmark · {MODEL} · context {limit} tokens · {os.cpu_count()} CPUs")
     thousand = prompts(loaded, 1000, REPEATS)
     longest = prompts(loaded, limit, 1)[0]
-    with tempfile.TemporaryFile(mode="w+") as log, sync_playwright() as pw:
-        server, url = start_server(log)
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+    with running_app(MODEL) as url, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             t0 = time.perf_counter()
@@ -262,8 +205,6 @@ def main() -> None:
             print(f"  the app says: {message.strip()[:150]}")
         finally:
             browser.close()
-            server.terminate()
-            server.wait(timeout=15)
 
 
 if __name__ == "__main__":

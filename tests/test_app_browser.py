@@ -10,12 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-import socket
-import subprocess
-import sys
-import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -25,19 +20,10 @@ from playwright.sync_api import Browser, Page, sync_playwright
 import moeviz
 from moeviz.analysis import layer_summary_frame
 from moeviz.charts import token_label
+from moeviz.testing.app_server import CHROMIUM, CHROMIUM_ARGS, REPO, AppDidNotStart, running_app
 
 pytestmark = pytest.mark.browser
 
-REPO = Path(__file__).resolve().parents[1]
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 MODEL = "sample:mixtral-healthy"
 NEW_PROMPT = "def add(a, b): return a + b"
 # Screenshots of the main views, embedded in the README (MOEVIZ_SCREENSHOTS overrides the folder).
@@ -69,66 +55,13 @@ def save_screenshot(page: Page, name: str, locator=None) -> None:
         page.screenshot(path=str(path))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def app_url():
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MOEVIZ_DEFAULT_MODEL": MODEL}
-    env.pop("MOEVIZ_MODEL_DIRS", None)
-    command = [
-        sys.executable,
-        "-m",
-        "streamlit",
-        "run",
-        "app/streamlit_app.py",
-        "--server.headless",
-        "true",
-        "--server.port",
-        str(port),
-        "--server.address",
-        "127.0.0.1",
-        "--server.fileWatcherType",
-        "none",
-        "--browser.gatherUsageStats",
-        "false",
-    ]
-    with tempfile.TemporaryFile(mode="w+") as log:
-        server = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            _wait_healthy(url, server, log)
+    try:
+        with running_app(MODEL, START_TIMEOUT_S) as url:
             yield url
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
-
-
-def _wait_healthy(url: str, server: subprocess.Popen, log) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            log.seek(0)
-            pytest.fail(
-                f"streamlit exited with {server.returncode} before it was healthy:\n{log.read()[-4000:]}"
-            )
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                if response.status == 200 and response.read().strip() == b"ok":
-                    return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    log.seek(0)
-    pytest.fail(f"streamlit not healthy after {START_TIMEOUT_S}s:\n{log.read()[-4000:]}")
+    except AppDidNotStart as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture(scope="module")
