@@ -122,8 +122,9 @@ def _check_lengths(loaded: LoadedModel, batch: list[list[int]], generate: int) -
     limit = loaded.max_length
     longest = max(len(seq) for seq in batch) + max(generate, 0)
     if limit is not None and longest > limit:
+        what = f"prompt of {longest - generate} tokens + {generate} to generate" if generate > 0 else "prompt"
         raise PromptTooLongError(
-            f"input of {longest} tokens (prompt + generated) exceeds the model's context length of {limit}"
+            f"{what} ({longest} tokens) exceeds the model's context length of {limit} tokens"
         )
 
 
