@@ -239,6 +239,14 @@ def test_clicking_a_cell_opens_its_token(app_url: str, browser: Browser, loaded)
         wait_until_idle(page)
         assert _marks(page, "token_scores") == len(moeviz.capture(loaded, example).layer_keys) * 8
         save_screenshot(page, "token_drilldown", page.locator(".st-key-drilldown"))
+        # "Why this expert?" from the drill-down opens on the same token.
+        page.get_by_role("link", name="Why this expert? Attribution").click()
+        page.get_by_role("heading", level=1).filter(has_text="Why this expert").wait_for(
+            timeout=RENDER_TIMEOUT_S * 1000
+        )
+        page.get_by_role("button", name="Explain").click()
+        position = int(tokens["pos"].iloc[5])
+        page.get_by_text(f"position {position}", exact=False).first.wait_for(timeout=RENDER_TIMEOUT_S * 1000)
     finally:
         page.close()
 

@@ -126,6 +126,7 @@ seq, pos = state.pick_token(token_options(trace.tokens), state.clicked_token(eve
 mine = all_scores[(all_scores["seq"] == seq) & (all_scores["pos"] == pos)]
 confidence = confidence_frame(trace)
 mine_conf = confidence[(confidence["seq"] == seq) & (confidence["pos"] == pos)]
+st.page_link("pages/why.py", label="Why this expert? Attribution and what-if for this token", icon="❓")
 with st.container(key="drilldown"):
     c1, c2, c3 = st.columns(3)
     with c1:

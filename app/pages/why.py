@@ -6,6 +6,7 @@ import streamlit as st
 import moeviz
 from moeviz.attribution import router_attribution
 from moeviz.charts.attribution import attribution_strip_chart, importance_chart
+from moeviz.charts.tables import token_options
 from moeviz.interventions import DisableExpert, ForceExpert, NextBest, counterfactual, expert_importance
 
 st.title("Why this expert?")
@@ -14,7 +15,7 @@ prompt = state.prompt_form()
 trace = state.load_or_stop(source, prompt)
 loaded = state.get_model(source)
 tokens = trace.tokens[trace.tokens["seq"] == 0]
-options = {f"{int(p)}: {t!r}": (0, int(p)) for p, t in zip(tokens["pos"], tokens["token"], strict=True)}
+options = token_options(tokens)  # the Routing page's labels: a token picked there stays picked here
 # Explaining the first token explains nothing (it sees only itself): default to the last one.
 st.session_state.setdefault("token", list(options)[-1])
 _, pos = state.pick_token(options, None)
