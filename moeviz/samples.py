@@ -42,16 +42,6 @@ def eval_batch(loaded: LoadedModel, chunks: int = 8, length: int = 256) -> EvalB
 
 
 # ---- the measurements a sample's model card reports --------------------------------------------------
-def parameter_counts(model) -> tuple[int, int]:
-    """(total, active per token): routed experts contribute k/E of their parameters."""
-    config = model.config
-    total = sum(p.numel() for p in model.parameters())
-    n_experts = getattr(config, "num_local_experts", None) or config.n_routed_experts
-    k = config.num_experts_per_tok
-    routed = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
-    return total, int(total - routed * (1 - k / n_experts))
-
-
 def heldout_loss(loaded: LoadedModel, batch: EvalBatch) -> dict[str, float]:
     """Mean next-token loss (nats/token) per domain on the evaluation windows."""
     import numpy as np
@@ -65,22 +55,22 @@ def heldout_loss(loaded: LoadedModel, batch: EvalBatch) -> dict[str, float]:
     return {domain: round(float(np.mean(values)), 4) for domain, values in losses.items()}
 
 
-def bias_stats(trace) -> list[dict]:
+def bias_rows(trace) -> list[dict]:
     """Per biased layer: bias spread, and how often the bias changed the dispatched set vs unbiased top-k."""
-    import numpy as np
+    from moeviz.analysis.confidence import decision_set, topk_overlap
+    from moeviz.analysis.losses import bias_stats, router_probs
 
     rows = []
     for routing in trace.layers:
-        if routing.bias is None:
+        spread = bias_stats(routing.bias)
+        if spread is None:
             continue
-        k = routing.k
-        unbiased = np.argsort(-routing.scores, axis=1, kind="stable")[:, :k]
-        overlap = (unbiased[:, :, None] == routing.experts[:, None, :]).any(2).sum(1) / k
+        overlap = topk_overlap(router_probs(routing), decision_set(routing), routing.k)
         rows.append(
             {
                 "layer": routing.layer,
-                "bias_std": round(float(routing.bias.std()), 5),
-                "bias_max_abs": round(float(np.abs(routing.bias).max()), 5),
+                "bias_std": round(spread.std, 5),
+                "bias_max_abs": round(spread.max_abs, 5),
                 "changed_selection_share": round(float((overlap < 1).mean()), 4),
                 "mean_unbiased_overlap": round(float(overlap.mean()), 4),
             }
@@ -92,6 +82,7 @@ def measure_sample(loaded: LoadedModel) -> dict:
     """Everything a sample's card states, measured with moeviz on the committed evaluation slices."""
     from moeviz.analysis import collapse_report, layer_summary_frame
     from moeviz.analysis.specialisation import domain_specialisation_frame
+    from moeviz.architecture import parameter_summary
     from moeviz.capture import capture
 
     batch = eval_batch(loaded)
@@ -99,7 +90,7 @@ def measure_sample(loaded: LoadedModel) -> dict:
     summary = layer_summary_frame(trace)
     special = domain_specialisation_frame(trace, batch.domains)
     verdicts = collapse_report(trace).layers
-    total, active = parameter_counts(loaded.model)
+    params = parameter_summary(loaded.model)
     layers = []
     for row, spec, verdict in zip(summary.itertuples(), special.itertuples(), verdicts, strict=True):
         layers.append(
@@ -117,11 +108,11 @@ def measure_sample(loaded: LoadedModel) -> dict:
     return {
         "protocol": "moeviz.samples.eval_batch(chunks=8, length=256): 8 windows of 256 tokens per domain",
         "tokens": len(trace.tokens),
-        "parameters_total": total,
-        "parameters_active_per_token": active,
+        "parameters_total": params["total"],
+        "parameters_active_per_token": params["active"],
         "heldout_loss_nats": heldout_loss(loaded, batch),
         "layers": layers,
-        "bias": bias_stats(trace),
+        "bias": bias_rows(trace),
     }
 
 

@@ -29,7 +29,6 @@ from moeviz.charts import (
     token_strip_chart,
     transition_heatmaps,
 )
-from moeviz.samples import parameter_counts
 
 PROMPT = (
     "The for statement is used to iterate over the elements of a sequence (such as a string, tuple or list)."
@@ -144,6 +143,15 @@ def test_compare_charts_against_itself(trace):
     assert (shift["load_change"] == 0).all() and len(shift) == len(drift)
 
 
+def parameter_counts(model) -> tuple[int, int]:
+    """Independent count: routed experts (".experts." parameters) contribute k/E of their parameters."""
+    config = model.config
+    total = sum(p.numel() for p in model.parameters())
+    n_experts = getattr(config, "num_local_experts", None) or config.n_routed_experts
+    routed = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
+    return total, int(total - routed * (1 - config.num_experts_per_tok / n_experts))
+
+
 def test_bias_chart_and_parameters():
     loaded = moeviz.load_model("sample:deepseek-v3-bias")
     trace = moeviz.capture(loaded, "def add(a, b): return a + b")
@@ -154,6 +162,7 @@ def test_bias_chart_and_parameters():
     np.testing.assert_allclose(data_of(spec)["bias"], np.concatenate([r.bias for r in trace.layers]))
     params = parameter_summary(loaded.model)
     assert (params["total"], params["active"]) == parameter_counts(loaded.model)
+
     assert (params["experts"], params["top_k"]) == (16, 4)
 
 
