@@ -344,12 +344,17 @@ def corpus_trace(source: str) -> moeviz.Trace:
     return moeviz.Trace.concat(parts)
 
 
-def trace_for(source: str, *, corpus: bool) -> moeviz.Trace:
-    """The prompt's trace, or the evaluation corpus's when `corpus`."""
+def prompt_or_corpus_trace(source: str) -> moeviz.Trace:
+    """A toggle between the prompt (with its form) and the evaluation corpus; the chosen trace."""
+    corpus = toggle(
+        "Use the evaluation corpus (all domains) instead of the prompt",
+        "use_corpus",
+        help="8 windows of 256 tokens from each domain of sample_models/eval: enough for the verdicts.",
+    )
     if corpus:
         get_model(source)
         return corpus_trace(source)
-    return load_or_stop(source, st.session_state.get("prompt", EXAMPLE_PROMPT))
+    return load_or_stop(source, prompt_form())
 
 
 def toggle(label: str, store_key: str, help: str | None = None) -> bool:

@@ -25,17 +25,7 @@ INDICATORS = {
 
 st.title("Load and collapse")
 source = state.model_picker()
-corpus = state.toggle(
-    "Use the evaluation corpus (all domains) instead of the prompt",
-    "use_corpus",
-    help="8 windows of 256 tokens from each domain of sample_models/eval: enough tokens for the verdicts.",
-)
-if not corpus:
-    state.prompt_form()
-trace = state.trace_for(source, corpus=corpus)
-if not trace.layer_keys:
-    st.warning("The model routed no token through an MoE layer.")
-    st.stop()
+trace = state.prompt_or_corpus_trace(source)
 st.caption(f"{trace.model.architecture} · {len(trace.tokens)} tokens · {len(trace.layer_keys)} MoE layers")
 
 experts = expert_balance_frame(trace)

@@ -27,10 +27,7 @@ st.title("Routing")
 source = state.model_picker()
 text = state.prompt_form()
 trace = state.load_or_stop(source, text)
-keys = trace.layer_keys
-if not keys:
-    st.warning("The model routed no token through an MoE layer.")
-    st.stop()
+keys = trace.layer_keys  # never empty: load_model refuses dense models, capture fails loudly
 
 site, layer = state.pick_layer(trace)
 routing = trace.layer(layer, site)

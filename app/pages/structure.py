@@ -8,13 +8,7 @@ from moeviz.charts import coactivation_heatmap, path_chart, repetition_chart, tr
 
 st.title("Structure")
 source = state.model_picker()
-corpus = state.toggle("Use the evaluation corpus (all domains) instead of the prompt", "use_corpus")
-if not corpus:
-    state.prompt_form()
-trace = state.trace_for(source, corpus=corpus)
-if not trace.layer_keys:
-    st.warning("The model routed no token through an MoE layer.")
-    st.stop()
+trace = state.prompt_or_corpus_trace(source)
 site, layer = state.pick_layer(trace)
 
 st.subheader("Co-activation")
