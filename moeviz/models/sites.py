@@ -139,7 +139,8 @@ def _sites_by_structure(model: nn.Module, model_type: str | None) -> list[MoESit
 
 def _make_site(model, name, router, block, experts, logits_index, decoder, score_fn) -> MoESite:
     config = getattr(model, "config", None)
-    bias = _find_bias(router) if _find_bias(router) is not None else _find_bias(block)
+    bias = _find_bias(router)
+    bias = bias if bias is not None else _find_bias(block)
     weight = _router_weight(router)
     num_experts = int(weight.shape[0]) if weight is not None else int(getattr(router, "num_experts", 0))
     if score_fn is None:  # unknown family: sigmoid when the config says so, else softmax
