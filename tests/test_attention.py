@@ -169,7 +169,7 @@ def test_mla_cache_geometry(captured):
 
 @pytest.mark.parametrize(
     "family,reason",
-    [("jamba", "Mamba"), ("kimi_linear", "KDA")],
+    [("jamba", "Mamba")],  # kimi_linear's KDA layers have a map now: tests/test_attention_linear.py
 )
 def test_hybrid_layers_say_they_have_no_map(tiny_model_dir, family, reason):
     loaded = moeviz.load_model(tiny_model_dir(family))

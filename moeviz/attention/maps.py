@@ -94,8 +94,9 @@ class AttentionLayer:
 class LinearAttentionLayer:
     """One linear-attention layer with an exact *attention-like* map (not softmax probabilities).
 
-    query/key [B, H, T, Dk], value [B, H, T, Dv], log_decay [B, H, T] (log of the per-step state decay),
-    beta [B, H, T] (delta rule write strength) or None, all fp32 as the layer's kernel used them. The map
+    query/key [B, H, T, Dk], value [B, H, T, Dv], log_decay [B, H, T] (log of the per-step state decay) or
+    [B, H, T, Dk] (kind "kda": one decay per key channel), beta [B, H, T] (delta rule write strength) or None,
+    all fp32 as the layer's kernel used them. The map
     A [T, T] is lower-triangular and satisfies o_t = Σ_j A[t, j] v_j exactly, where o is the layer's
     attention output before its norm / gate / output projection (see `moeviz.models.attention`):
 
@@ -103,6 +104,9 @@ class LinearAttentionLayer:
       L = cumsum(log_decay)
     - kind "delta" (Qwen3-Next gated DeltaNet): A[t, j] = β_j k_j · r_j with r_t = q_t,
       r_{j−1} = exp(g_j) (r_j − β_j k_j (k_j · r_j)) — the delta rule's state updates unrolled.
+    - kind "kda" (Kimi Linear KDA): the same with a per-channel gate g_j [Dk],
+      r_{j−1} = exp(g_j) ⊙ (r_j − β_j k_j (k_j · r_j)), from S_t = (I − β_t k_t k_tᵀ) Diag(e^{g_t}) S_{t−1}
+      + β_t k_t v_tᵀ. For both delta kinds q, k, v are the kernel's inputs (after the short convolution).
 
     Entries may be negative and rows need not sum to 1.
     """
@@ -137,7 +141,7 @@ def _linear_rows(spec: LinearAttentionLayer, head: int, seq: int, off: int, n: i
     cols = slice(off, off + n)
     q = torch.from_numpy(spec.query[seq, head, cols]).double()  # [n, Dk]
     k = torch.from_numpy(spec.key[seq, head, cols]).double()
-    g = torch.from_numpy(spec.log_decay[seq, head, cols]).double()  # [n]
+    g = torch.from_numpy(spec.log_decay[seq, head, cols]).double()  # [n], or [n, Dk] for "kda"
     rows_t = torch.from_numpy(np.asarray(rows, dtype=np.int64))
     out = torch.zeros(len(rows_t), n, dtype=torch.float64)
     if not len(rows_t):
@@ -148,10 +152,10 @@ def _linear_rows(spec: LinearAttentionLayer, head: int, seq: int, off: int, n: i
         delta = cum[rows_t][:, None] - cum[None, :]
         causal = torch.arange(n)[None, :] <= rows_t[:, None]
         return torch.where(causal, scores * torch.exp(delta.clamp(max=0.0)), 0.0).numpy()
-    if spec.kind != "delta":
+    if spec.kind not in ("delta", "kda"):
         raise ValueError(f"unknown linear-attention kind {spec.kind!r}")
     beta = torch.from_numpy(spec.beta[seq, head, cols]).double()
-    decay = torch.exp(g)
+    decay = torch.exp(g)  # a per-channel gate ("kda") scales r elementwise, a scalar one uniformly
     r = torch.zeros(len(rows_t), q.shape[1], dtype=torch.float64)
     for j in range(int(rows_t.max()), -1, -1):  # unroll the state updates backwards from each query row
         starting = rows_t == j
@@ -170,8 +174,9 @@ class AttentionCapture:
     - layers: layer index -> AttentionLayer (softmax-attention layers only)
     - no_map: layer index -> why that layer has no attention map (Mamba, unsupported linear attention, ...)
     - linear: layer index -> LinearAttentionLayer: exact attention-like maps of linear-attention layers
-      (MiniMax lightning, Qwen3-Next DeltaNet). `row/block/full` serve them too; they are not probabilities
-      (rows need not sum to 1, entries may be negative), so summaries and the KV what-if skip them.
+      (MiniMax lightning, Qwen3-Next DeltaNet, Kimi Linear KDA). `row/block/full` serve them too; they are
+      not probabilities (rows need not sum to 1, entries may be negative), so summaries and the KV what-if
+      skip them.
     - offsets [B], lengths [B]: column of position 0 and number of real tokens of each sequence
     - dtype_bytes: bytes per element of the model's KV cache; geometry: facts from `models.attention`
 
@@ -199,7 +204,7 @@ class AttentionCapture:
 
     @property
     def linear_layers(self) -> list[int]:
-        """Linear-attention layers with an exact attention-like map (`kind` "decay" or "delta")."""
+        """Linear-attention layers with an exact attention-like map (`kind` "decay", "delta" or "kda")."""
         return sorted(self.linear)
 
     @property

@@ -9,7 +9,8 @@ the original function (sdpa stays sdpa, eager stays eager). On any other thread 
 function untouched, so concurrent sessions neither mix nor pay. Nothing recorded grows with T²: queries and
 keys are [B, H, T, D], intervals [B, T].
 
-Linear-attention layers (MiniMax lightning attention, Qwen3-Next gated DeltaNet) have no softmax call; for
+Linear-attention layers (MiniMax lightning attention, Qwen3-Next gated DeltaNet, Kimi Linear KDA) have no
+softmax call; for
 them, hooks installed only for the capture keep references to the layer's own projections / kernel inputs
 (see `_linear_hooks`), from which `moeviz.attention` recomputes an exact attention-like map.
 """
@@ -221,7 +222,7 @@ def recording_attention(model: nn.Module) -> Iterator[AttentionRecorder]:
 
 
 # ---- linear-attention layers ----------------------------------------------------------------------------
-def _delta_kernel_wrapper(original: Callable) -> Callable:
+def _delta_kernel_wrapper(original: Callable, kind: str) -> Callable:
     def recording_delta_rule(query, key, value, g, beta, *args, **kwargs):
         recorder = getattr(_active, "recorder", None)
         where = None if recorder is None else recorder._current_delta
@@ -231,7 +232,7 @@ def _delta_kernel_wrapper(original: Callable) -> Callable:
             l2 = bool(kwargs.get("use_qk_l2norm_in_kernel", False))
             refs = (query.detach(), key.detach(), value.detach(), g.detach(), beta.detach())
             recorder.linear.append(
-                (where[0], where[1], lambda: attention_models.decode_delta(*refs, initial_state, l2))
+                (where[0], where[1], lambda: attention_models.decode_delta(*refs, initial_state, l2, kind))
             )
         return original(query, key, value, g, beta, *args, **kwargs)
 
@@ -242,9 +243,9 @@ def _delta_kernel_wrapper(original: Callable) -> Callable:
 @contextmanager
 def _linear_hooks(model: nn.Module, recorder: AttentionRecorder) -> Iterator[None]:
     """Hooks on the model's linear-attention layers, recording only on the recorder's own thread; always
-    removed. MiniMax: a forward hook on `qkv_proj` keeps a reference to its output. Qwen3-Next: a pre-hook
-    marks the running DeltaNet module and the (reference-counted, thread-checked) kernel wrapper keeps
-    references to the q, k, v, g, beta the kernel receives."""
+    removed. MiniMax: a forward hook on `qkv_proj` keeps a reference to its output. Qwen3-Next DeltaNet and
+    Kimi Linear KDA: a pre-hook marks the running module and the (reference-counted, thread-checked) wrapper
+    of its chunked kernel keeps references to the q, k, v, g, beta the kernel receives."""
     handles = []
 
     def mine() -> bool:
@@ -258,8 +259,10 @@ def _linear_hooks(model: nn.Module, recorder: AttentionRecorder) -> Iterator[Non
                 recorder.linear.append((name, layer, lambda: attention_models.decode_lightning(module, out)))
 
         handles.append(module.qkv_proj.register_forward_hook(keep))
-    deltas = attention_models.delta_rule_modules(model)
-    for name, layer, module in deltas:
+    kernels = {}  # (id(python module), global name) -> (python module, global name, kind)
+    for name, layer, module in attention_models.delta_rule_modules(model):
+        owner, fname, kind = attention_models.delta_rule_kernel(module)
+        kernels[(id(owner), fname)] = (owner, fname, kind)
 
         def enter(_mod, _inputs, name=name, layer=layer):
             if mine():
@@ -271,21 +274,21 @@ def _linear_hooks(model: nn.Module, recorder: AttentionRecorder) -> Iterator[Non
 
         handles.append(module.register_forward_pre_hook(enter))
         handles.append(module.register_forward_hook(leave))
-    owner, fname = attention_models.delta_rule_kernel() if deltas else (None, "")
 
-    def wrap_kernel() -> list[Restore]:
-        original = getattr(owner, fname)
-        setattr(owner, fname, _delta_kernel_wrapper(original))
-        return [Restore(lambda: setattr(owner, fname, original))]
+    def wrap_kernel(owner, fname: str, kind: str) -> Callable[[], list[Restore]]:
+        def install() -> list[Restore]:
+            original = getattr(owner, fname)
+            setattr(owner, fname, _delta_kernel_wrapper(original, kind))
+            return [Restore(lambda: setattr(owner, fname, original))]
+
+        return install
 
     with ExitStack() as stack:
-        if owner is not None:
-            stack.enter_context(shared_hooks(owner, f"kernel:{fname}", wrap_kernel))
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
+        # Registered first, so the module hooks go also when wrapping a kernel fails.
+        stack.callback(lambda: [handle.remove() for handle in handles])
+        for owner, fname, kind in kernels.values():
+            stack.enter_context(shared_hooks(owner, f"kernel:{fname}", wrap_kernel(owner, fname, kind)))
+        yield
 
 
 def patch_active() -> bool:

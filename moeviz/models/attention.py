@@ -15,8 +15,8 @@ _LINEAR_LAYER = {
     "observed, no map",
     "qwen3_next": "gated DeltaNet layer (linear attention, delta rule): its kernel inputs were not observed, "
     "no map",
-    "kimi_linear": "KDA layer (Kimi delta attention, per-channel gated delta rule): attention-like map not "
-    "offered",
+    "kimi_linear": "KDA layer (Kimi delta attention, per-channel gated delta rule): its kernel inputs were "
+    "not observed, no map",
 }
 
 
@@ -58,6 +58,11 @@ def kv_geometry(config: Any) -> dict[str, Any]:
 #   "delta"       (Qwen3-Next gated DeltaNet):    S_t = e^{g_t} (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ,
 #                 o_t = S_tᵀ q_t with q, k l2-normalised and q scaled by Dk^-½, so
 #                 A[t, j] = β_j k_j · r_j, r_t = q_t, r_{j−1} = e^{g_j} (r_j − β_j k_j (k_j · r_j)).
+#   "kda"         (Kimi Linear KDA):  the same delta rule with a per-channel gate, log_decay g_t [Dk]:
+#                 S_t = (I − β_t k_t k_tᵀ) Diag(e^{g_t}) S_{t−1} + β_t k_t v_tᵀ (gate first, then the delta
+#                 correction), o_t = S_tᵀ q_t, so A[t, j] = β_j k_j · r_j with
+#                 r_{j−1} = Diag(e^{g_j}) (I − β_j k_j k_jᵀ) r_j = e^{g_j} ⊙ (r_j − β_j k_j (k_j · r_j)).
+# Both delta kinds: q, k, v are the kernel's inputs, i.e. after the layer's short causal convolution.
 def lightning_modules(model: Any) -> list[tuple[str, int, Any]]:
     """(name, layer, module) of every MiniMax lightning-attention module (decayed linear attention)."""
     found = []
@@ -92,25 +97,45 @@ def decode_lightning(module: Any, qkv_out: Any) -> dict[str, Any]:
     }
 
 
+# DeltaNet-style module class -> (python module, global name of the chunked kernel its forward calls, kind).
+_DELTA_KERNELS = {
+    "Qwen3NextGatedDeltaNet": (
+        "transformers.models.qwen3_next.modeling_qwen3_next",
+        "torch_chunk_gated_delta_rule",
+        "delta",
+    ),
+    "KimiLinearDeltaAttention": (
+        "transformers.models.kimi_linear.modeling_kimi_linear",
+        "chunk_kimi_delta_attention",
+        "kda",
+    ),
+}
+
+
 def delta_rule_modules(model: Any) -> list[tuple[str, int, Any]]:
-    """(name, layer, module) of every Qwen3-Next gated DeltaNet module."""
+    """(name, layer, module) of every delta-rule module (Qwen3-Next gated DeltaNet, Kimi Linear KDA)."""
     return [
         (name, int(module.layer_idx), module)
         for name, module in model.named_modules()
-        if type(module).__name__ == "Qwen3NextGatedDeltaNet"
+        if type(module).__name__ in _DELTA_KERNELS
     ]
 
 
-def delta_rule_kernel() -> tuple[Any, str]:
-    """(python module, global name) of the chunked gated-delta-rule kernel the DeltaNet forward calls."""
-    from transformers.models.qwen3_next import modeling_qwen3_next
+def delta_rule_kernel(module: Any) -> tuple[Any, str, str]:
+    """(python module, global name, kind) of the chunked delta-rule kernel the module's forward calls."""
+    import importlib
 
-    return modeling_qwen3_next, "torch_chunk_gated_delta_rule"
+    path, name, kind = _DELTA_KERNELS[type(module).__name__]
+    return importlib.import_module(path), name, kind
 
 
-def decode_delta(query, key, value, g, beta, initial_state, use_qk_l2norm_in_kernel) -> dict[str, Any]:
-    """Kernel inputs ([B, T, H, D], g/beta [B, T, Hv]) -> per-value-head q, k, v [B, Hv, T, D], as the
-    kernel prepares them (grouped heads repeated, fp32, l2norm, q scaled by Dk^-½)."""
+def decode_delta(
+    query, key, value, g, beta, initial_state, use_qk_l2norm_in_kernel, kind: str = "delta"
+) -> dict[str, Any]:
+    """Kernel inputs ([B, T, H, D], beta [B, T, Hv], g [B, T, Hv] for "delta" or [B, T, Hv, Dk] per-channel
+    for "kda") -> per-value-head q, k, v [B, Hv, T, D], log_decay [B, Hv, T] or [B, Hv, T, Dk], as the kernel
+    prepares them (grouped heads repeated, fp32, l2norm, q scaled by Dk^-½). The map is over these kernel
+    inputs, i.e. after the layer's short causal convolution."""
     import torch
 
     if initial_state is not None:
@@ -127,4 +152,4 @@ def decode_delta(query, key, value, g, beta, initial_state, use_qk_l2norm_in_ker
             query = query * torch.rsqrt((query * query).sum(-1, keepdim=True) + 1e-6)
             key = key * torch.rsqrt((key * key).sum(-1, keepdim=True) + 1e-6)
         query = query * query.shape[-1] ** -0.5
-    return {"kind": "delta", "query": query, "key": key, "value": value, "log_decay": g, "beta": beta}
+    return {"kind": kind, "query": query, "key": key, "value": value, "log_decay": g, "beta": beta}
