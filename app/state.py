@@ -8,6 +8,7 @@ concurrent sessions never see each other's routing. No model math here: everythi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import os
 import tempfile
@@ -19,6 +20,7 @@ import pandas as pd
 import streamlit as st
 
 import moeviz
+import moeviz.analysis
 import moeviz.charts
 from moeviz.attention import AttentionCapture
 from moeviz.errors import ModelSourceError
@@ -131,6 +133,36 @@ def get_trace(source: str, text: str) -> moeviz.Trace:
     """Routing of `text` through the model at `source` (cached per model and text; each session gets
     its own copy). Attention is left out here: see `get_attention`."""
     return dataclasses.replace(_captured(source, text), attention=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoutingFrames:
+    """The frames the Routing page slices on every interaction, built once per (model, text).
+
+    routing: `Trace.routing_frame()`; scores: every layer's `scores_frame` stacked (with site, layer);
+    confidence: `confidence_frame`; load: `expert_load_frame`; summary: `layer_summary_frame` indexed by
+    (site, layer)."""
+
+    routing: pd.DataFrame
+    scores: pd.DataFrame
+    confidence: pd.DataFrame
+    load: pd.DataFrame
+    summary: pd.DataFrame
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def routing_frames(source: str, text: str) -> RoutingFrames:
+    """`RoutingFrames` of `text` (cached: a layer switch or a token click only slices them)."""
+    trace = get_trace(source, text)
+    return RoutingFrames(
+        routing=trace.routing_frame(),
+        scores=moeviz.charts.stack_scores(
+            {key: trace.scores_frame(key[1], key[0]) for key in trace.layer_keys}
+        ),
+        confidence=moeviz.analysis.confidence_frame(trace),
+        load=moeviz.analysis.expert_load_frame(trace),
+        summary=moeviz.analysis.layer_summary_frame(trace).set_index(["site", "layer"]),
+    )
 
 
 def get_attention(source: str, text: str) -> AttentionCapture | None:
@@ -291,9 +323,17 @@ def _export(chart: alt.TopLevelMixin, fmt: str) -> bytes:
     return vl_convert.vegalite_to_png(spec, scale=2)
 
 
+def _skip_validation(chart: alt.TopLevelMixin) -> None:
+    """Make Streamlit's `chart.to_dict()` skip the JSON-schema check: it took ~60% of a page rerun (~15 ms a
+    chart), and every chart function's spec is already validated by the chart tests."""
+    # altair keeps attribute writes in the spec (`SchemaBase.__setattr__`): set the instance attribute.
+    object.__setattr__(chart, "to_dict", functools.partial(type(chart).to_dict, chart, validate=False))
+
+
 def show_chart(chart: alt.TopLevelMixin, key: str, *, select: bool = False):
     """Render a chart in a container keyed `key`, with SVG and PNG downloads below it (built on click).
     With `select`, the page reruns on a selection and the selection event is returned."""
+    _skip_validation(chart)
     with st.container(key=key):
         event = st.altair_chart(
             chart, width="stretch", on_select="rerun" if select else "ignore", key=f"{key}_chart"

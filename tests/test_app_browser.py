@@ -376,7 +376,7 @@ def test_why_page_runs_a_what_if_and_an_attribution(app_url: str, browser: Brows
     page = _open(browser, app_url)
     try:
         example = page.locator(".st-key-routing_prompt textarea").input_value()
-        page.get_by_role("link", name="Why this expert?").click()
+        page.get_by_role("link", name="Why this expert?", exact=True).click()
         page.get_by_role("heading", level=1).filter(has_text="Why this expert").wait_for(
             timeout=RENDER_TIMEOUT_S * 1000
         )

@@ -3,7 +3,6 @@
 import state
 import streamlit as st
 
-from moeviz.analysis import confidence_frame, expert_load_frame, layer_summary_frame
 from moeviz.charts import (
     attention_row_chart,
     attention_row_frame,
@@ -11,7 +10,6 @@ from moeviz.charts import (
     expert_load_chart,
     expert_timeline_chart,
     router_score_heatmap,
-    stack_scores,
     token_layer_scores_chart,
     token_margin_chart,
     token_options,
@@ -27,145 +25,179 @@ st.title("Routing")
 source = state.model_picker()
 text = state.prompt_form()
 trace = state.load_or_stop(source, text)
-keys = trace.layer_keys  # never empty: load_model refuses dense models, capture fails loudly
+frames = state.routing_frames(source, text)
+st.caption(f"{trace.model.architecture} · {len(trace.tokens)} tokens · {len(trace.layer_keys)} MoE layers")
+num_tokens = max(trace.layer(layer, site).logits.shape[0] for site, layer in trace.layer_keys)  # per layer
 
-site, layer = state.pick_layer(trace)
-routing = trace.layer(layer, site)
-scores = trace.scores_frame(layer, site)
-routing_rows = trace.routing_frame()
-num_tokens = int(scores["row"].nunique())
-summary = layer_summary_frame(trace).set_index(["site", "layer"]).loc[(site, layer)]
-st.caption(
-    f"{trace.model.architecture} · {len(trace.tokens)} tokens · {len(keys)} MoE layers · "
-    f"{int(summary['experts'])} experts, top-{int(summary['top_k'])}"
-)
-
+# Each interaction reruns only the fragment that shows it: a layer switch redraws the layer's views, a
+# clicked cell redraws the heatmap and its token, an expert choice redraws the timeline. Widgets that
+# change everything (model, prompt, window) stay outside.
 start = 0
 if num_tokens > MAX_TOKENS:
     st.info(f"{num_tokens} tokens: the overview below is binned; the detailed views show a window.")
-    state.show_chart(
-        binned_dispatch_heatmap(scores, title=f"Dispatch over the whole input, layer {layer}"), "binned"
-    )
     start = st.slider("First token shown", 0, num_tokens - MAX_TOKENS, 0, step=max(MAX_TOKENS // 4, 1))
-lo, hi = token_window(num_tokens, max_tokens=MAX_TOKENS, start=start)
+lo, _ = token_window(num_tokens, max_tokens=MAX_TOKENS, start=start)
 
-layer_rows = routing_rows[(routing_rows["layer"] == layer) & (routing_rows["site"] == site)]
-state.show_chart(
-    token_strip_chart(
-        layer_rows,
-        num_experts=routing.num_experts,
-        max_tokens=MAX_TOKENS,
-        start=lo,
-        title=f"Tokens by top-1 expert, layer {layer}",
-    ),
-    "strip",
-)
-st.caption(
-    "Each token is coloured by the expert with the largest combination weight at this layer; hover for it."
-)
 
-event = state.show_chart(
-    router_score_heatmap(scores, max_tokens=MAX_TOKENS, start=lo, title=f"Router scores, layer {layer}"),
-    "heatmap",
-    select=True,
-)
-st.caption(
-    f"Colour = router score = {routing.score_fn}(router logits), before top-k. "
-    "● = expert the token was dispatched to; hover a cell for its logit and the combination weight the "
-    "model used (0 where not dispatched). Click a cell to open its token below."
-)
-
-load = expert_load_frame(trace).query("layer == @layer and site == @site")
-left, right = st.columns([3, 2])
-with left:
-    state.show_chart(expert_load_chart(load, title=f"Expert load, layer {layer}"), "load")
-with right:
-    a, b, c = st.columns(3)
-    a.metric("Load entropy", f"{summary['load_entropy']:.2f}", help="H(load) / log E; 1 = perfectly even")
-    b.metric("Max share", f"{summary['max_share']:.0%}", help=f"Fair share is {1 / summary['experts']:.0%}")
-    c.metric("Dead experts", int(summary["dead_experts"]), help="Experts that received no token")
-    st.caption(
-        "Bars: tokens dispatched to each expert in this layer (a token counts once per expert it uses). "
-        "Dashed line: the fair share, what every expert would get if the load were even."
-    )
-    d1, d2 = st.columns(2)
-    # Files are built only when clicked; a click does not rerun the page.
-    d1.download_button(
-        "Routing table (CSV)",
-        state.routing_csv(trace),
-        "routing.csv",
-        "text/csv",
-        icon="⬇",
-        on_click="ignore",
-    )
-    d2.download_button(
-        "Routing table (Parquet)",
-        state.routing_parquet(trace),
-        "routing.parquet",
-        "application/vnd.apache.parquet",
-        icon="⬇",
-        on_click="ignore",
-    )
-
-st.subheader("One expert across layers")
-expert = state.pick_expert(routing.num_experts)
-all_scores = stack_scores({key: trace.scores_frame(key[1], key[0]) for key in keys})
-state.show_chart(
-    expert_timeline_chart(all_scores[all_scores["site"] == site], expert, max_tokens=MAX_TOKENS, start=lo),
-    "timeline",
-)
-st.caption(
-    "Colour = this expert's router score for each token at each MoE layer; ● = the token was sent to it."
-)
-
-st.subheader("One token in detail", anchor="token")
-seq, pos = state.pick_token(token_options(trace.tokens), state.clicked_token(event))
-mine = all_scores[(all_scores["seq"] == seq) & (all_scores["pos"] == pos)]
-confidence = confidence_frame(trace)
-mine_conf = confidence[(confidence["seq"] == seq) & (confidence["pos"] == pos)]
-st.page_link("pages/why.py", label="Why this expert? Attribution and what-if for this token", icon="❓")
-with st.container(key="drilldown"):
-    c1, c2, c3 = st.columns(3)
-    with c1:
+@st.fragment
+def layer_views() -> None:
+    """The chosen MoE layer: binned overview, token strip, score heatmap with its drill-down, expert load."""
+    site, layer = state.pick_layer(trace)
+    routing = trace.layer(layer, site)
+    scores = frames.scores[(frames.scores["layer"] == layer) & (frames.scores["site"] == site)]
+    summary = frames.summary.loc[(site, layer)]
+    st.caption(f"Layer {layer}: {int(summary['experts'])} experts, top-{int(summary['top_k'])}")
+    if num_tokens > MAX_TOKENS:
         state.show_chart(
-            token_layer_scores_chart(mine, title=f"Scores of {st.session_state['token']!r}"), "token_scores"
+            binned_dispatch_heatmap(scores, title=f"Dispatch over the whole input, layer {layer}"), "binned"
         )
-        st.caption("Router scores of this token at every MoE layer; ● = dispatched.")
-    with c2:
-        path = routing_rows[(routing_rows["seq"] == seq) & (routing_rows["pos"] == pos)]
-        state.show_chart(token_path_chart(path), "token_path")
-        st.caption(
-            "Its experts layer by layer; dot size = combination weight, dashed line joins the top-1 experts."
-        )
-    with c3:
-        state.show_chart(token_margin_chart(mine_conf), "token_margin")
-        st.caption(
-            "Top-k margin m = (min_{e∈S} p − max_{e∉S} p) / min_{e∈S} p: how far the weakest chosen expert "
-            "beat the best rejected one (0 = a tie decided it)."
-        )
-    st.dataframe(mine_conf, hide_index=True)
-    state.table_downloads(mine_conf, "token_confidence")
+    layer_rows = frames.routing[(frames.routing["layer"] == layer) & (frames.routing["site"] == site)]
+    state.show_chart(
+        token_strip_chart(
+            layer_rows,
+            num_experts=routing.num_experts,
+            max_tokens=MAX_TOKENS,
+            start=lo,
+            title=f"Tokens by top-1 expert, layer {layer}",
+        ),
+        "strip",
+    )
+    st.caption(
+        "Each token is coloured by the expert with the largest combination weight at this layer; "
+        "hover for it."
+    )
+    heatmap_and_token(site, layer)
+    load_view(site, layer, routing.num_experts)
 
+
+@st.fragment
+def heatmap_and_token(site: str, layer: int) -> None:
+    """The layer's score heatmap and the token clicked in it (a click reruns only this)."""
+    scores = frames.scores[(frames.scores["layer"] == layer) & (frames.scores["site"] == site)]
+    event = state.show_chart(
+        router_score_heatmap(scores, max_tokens=MAX_TOKENS, start=lo, title=f"Router scores, layer {layer}"),
+        "heatmap",
+        select=True,
+    )
+    st.caption(
+        f"Colour = router score = {trace.layer(layer, site).score_fn}(router logits), before top-k. "
+        "● = expert the token was dispatched to; hover a cell for its logit and the combination weight the "
+        "model used (0 where not dispatched). Click a cell to open its token below."
+    )
+    token_detail(layer, state.clicked_token(event))
+
+
+def token_detail(layer: int, clicked: tuple[int, int] | None) -> None:
+    st.subheader("One token in detail", anchor="token")
+    seq, pos = state.pick_token(token_options(trace.tokens), clicked)
+    mine = frames.scores[(frames.scores["seq"] == seq) & (frames.scores["pos"] == pos)]
+    mine_conf = frames.confidence[(frames.confidence["seq"] == seq) & (frames.confidence["pos"] == pos)]
+    st.page_link("pages/why.py", label="Why this expert? Attribution and what-if for this token", icon="❓")
+    with st.container(key="drilldown"):
+        c1, c2, c3 = st.columns(3)
+        with c1:
+            state.show_chart(
+                token_layer_scores_chart(mine, title=f"Scores of {st.session_state['token']!r}"),
+                "token_scores",
+            )
+            st.caption("Router scores of this token at every MoE layer; ● = dispatched.")
+        with c2:
+            path = frames.routing[(frames.routing["seq"] == seq) & (frames.routing["pos"] == pos)]
+            state.show_chart(token_path_chart(path), "token_path")
+            st.caption(
+                "Its experts layer by layer; dot size = combination weight, dashed line joins the top-1 "
+                "experts."
+            )
+        with c3:
+            state.show_chart(token_margin_chart(mine_conf), "token_margin")
+            st.caption(
+                "Top-k margin m = (min_{e∈S} p − max_{e∉S} p) / min_{e∈S} p: how far the weakest chosen "
+                "expert beat the best rejected one (0 = a tie decided it)."
+            )
+        st.dataframe(mine_conf, hide_index=True)
+        state.table_downloads(mine_conf, "token_confidence")
+        attention_row(layer, seq, pos)
+
+
+def attention_row(layer: int, seq: int, pos: int) -> None:
     st.markdown("**Its attention row**")
     att = state.get_attention(source, text)
     if att is None or not att.map_layers:
         st.info("This model has no softmax attention map for this token.", icon="ℹ")
-    else:
-        layers = att.map_layers
-        if layer in layers and "attention_layer" not in st.session_state:
-            st.session_state["attention_layer"] = layer  # start at the MoE layer on show
-        att_layer, head = state.pick_head(layers, att.layers[layers[0]].num_heads, None)
-        seq_tokens = trace.tokens[trace.tokens["seq"] == seq]
-        row = attention_row_frame(att.row(att_layer, head, seq, pos), seq_tokens, pos=pos, max_keys=MAX_KEYS)
-        state.show_chart(
-            attention_row_chart(
-                row, title=f"Attention of {st.session_state['token']!r}, layer {att_layer}, head {head}"
-            ),
-            "token_attention",
-        )
+        return
+    layers = att.map_layers
+    if layer in layers and "attention_layer" not in st.session_state:
+        st.session_state["attention_layer"] = layer  # start at the MoE layer on show
+    att_layer, head = state.pick_head(layers, att.layers[layers[0]].num_heads, None)
+    seq_tokens = trace.tokens[trace.tokens["seq"] == seq]
+    row = attention_row_frame(att.row(att_layer, head, seq, pos), seq_tokens, pos=pos, max_keys=MAX_KEYS)
+    state.show_chart(
+        attention_row_chart(
+            row, title=f"Attention of {st.session_state['token']!r}, layer {att_layer}, head {head}"
+        ),
+        "token_attention",
+    )
+    st.caption(
+        "p_j = softmax_j(scaling · q · k_j + mask): the share of this token's attention on each "
+        f"earlier key (the last {MAX_KEYS} shown; exact, recomputed from the captured queries and keys). "
+        "The Attention page shows every head."
+    )
+    state.table_downloads(row, "token_attention")
+
+
+def load_view(site: str, layer: int, num_experts: int) -> None:
+    summary = frames.summary.loc[(site, layer)]
+    load = frames.load[(frames.load["layer"] == layer) & (frames.load["site"] == site)]
+    left, right = st.columns([3, 2])
+    with left:
+        state.show_chart(expert_load_chart(load, title=f"Expert load, layer {layer}"), "load")
+    with right:
+        a, b, c = st.columns(3)
+        a.metric("Load entropy", f"{summary['load_entropy']:.2f}", help="H(load) / log E; 1 = perfectly even")
+        b.metric("Max share", f"{summary['max_share']:.0%}", help=f"Fair share is {1 / num_experts:.0%}")
+        c.metric("Dead experts", int(summary["dead_experts"]), help="Experts that received no token")
         st.caption(
-            "p_j = softmax_j(scaling · q · k_j + mask): the share of this token's attention on each "
-            f"earlier key (the last {MAX_KEYS} shown; exact, recomputed from the captured queries and keys). "
-            "The Attention page shows every head."
+            "Bars: tokens dispatched to each expert in this layer (a token counts once per expert it uses). "
+            "Dashed line: the fair share, what every expert would get if the load were even."
         )
-        state.table_downloads(row, "token_attention")
+        d1, d2 = st.columns(2)
+        # Files are built only when clicked; a click does not rerun the page.
+        d1.download_button(
+            "Routing table (CSV)",
+            state.routing_csv(trace),
+            "routing.csv",
+            "text/csv",
+            icon="⬇",
+            on_click="ignore",
+        )
+        d2.download_button(
+            "Routing table (Parquet)",
+            state.routing_parquet(trace),
+            "routing.parquet",
+            "application/vnd.apache.parquet",
+            icon="⬇",
+            on_click="ignore",
+        )
+
+
+@st.fragment
+def expert_timeline() -> None:
+    """One expert's score over layers × tokens (an expert choice reruns only this)."""
+    st.subheader("One expert across layers")
+    sites = list(dict.fromkeys(site for site, _ in trace.layer_keys))
+    site = st.selectbox("Site", sites, key="timeline_site") if len(sites) > 1 else sites[0]
+    layer = next(layer for s, layer in trace.layer_keys if s == site)
+    expert = state.pick_expert(trace.layer(layer, site).num_experts)
+    state.show_chart(
+        expert_timeline_chart(
+            frames.scores[frames.scores["site"] == site], expert, max_tokens=MAX_TOKENS, start=lo
+        ),
+        "timeline",
+    )
+    st.caption(
+        "Colour = this expert's router score for each token at each MoE layer; ● = the token was sent to it."
+    )
+
+
+layer_views()
+expert_timeline()

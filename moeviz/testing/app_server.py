@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from moeviz.cli import APP_FLAGS
+
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 # Without the background-networking flags Chromium keeps calling home on a closed network.
@@ -48,7 +50,7 @@ def running_app(model: str, start_timeout_s: float = 90) -> Iterator[str]:
     command = [
         *(sys.executable, "-m", "streamlit", "run", "app/streamlit_app.py"),
         *("--server.headless", "true", "--server.port", str(port), "--server.address", "127.0.0.1"),
-        *("--server.fileWatcherType", "none", "--browser.gatherUsageStats", "false"),
+        *("--server.fileWatcherType", "none", "--browser.gatherUsageStats", "false", *APP_FLAGS),
     ]
     with tempfile.TemporaryFile(mode="w+") as log:
         server = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
