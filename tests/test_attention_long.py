@@ -32,8 +32,11 @@ def test_capture_memory_grows_linearly(long_model):
     assert 1.9 < sizes[4096] / sizes[2048] < 2.1  # quadratic would be 4x
 
 
-def test_streamed_summaries_match_full_maps_across_blocks(long_model, monkeypatch):
-    trace = moeviz.capture(long_model, token_ids=[_ids(300), _ids(170, 2)], attention=True)
+@pytest.mark.parametrize("sliding_window", [None, 40])
+def test_streamed_summaries_match_full_maps_across_blocks(tiny_model_dir, monkeypatch, sliding_window):
+    # With a sliding window, blocks are sized by the keys they span (rows × window), not by position.
+    folder = tiny_model_dir("mixtral", max_position_embeddings=4096, sliding_window=sliding_window)
+    trace = moeviz.capture(moeviz.load_model(folder), token_ids=[_ids(300), _ids(170, 2)], attention=True)
     att = trace.attention
     monkeypatch.setattr(maps, "_BLOCK_ELEMENTS", 4 * 37 * 20)  # force many small query blocks
     window = 16
@@ -45,6 +48,8 @@ def test_streamed_summaries_match_full_maps_across_blocks(long_model, monkeypatc
             for head in range(4):
                 p = att.full(layer, head, seq)  # independent path: float64 rows, no streaming
                 i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+                if sliding_window:
+                    assert not p[(i - j) >= sliding_window].any()  # banded
                 got = frame[
                     (frame.layer == layer) & (frame.seq == seq) & (frame["head"] == head)
                 ].sort_values("pos")

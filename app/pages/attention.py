@@ -35,112 +35,136 @@ st.caption(
     f"{att.layers[att.map_layers[0]].num_kv_heads} KV heads"
 )
 
-# ---- head grid --------------------------------------------------------------------------------------------
-st.subheader("Every head at a glance")
-window = state.number(
-    "Local window W (tokens)",
-    "attention_window",
-    32,
-    1,
-    4096,
-    help="Keys with 0 ≤ i − j < W count as local (local mass; kind local when > 0.5).",
-)
-bar = st.progress(0.0, text="Summarising the heads…")
-for i, layer in enumerate(att.map_layers):  # fills the capture's cache, layer by layer, with progress
-    bar.progress(i / len(att.map_layers), text=f"Summarising the heads of layer {layer}…")
-    att.summaries(window, layers=[layer])
-bar.empty()
-heads = att.head_summary(window)
 
-events = []
-columns = st.columns(2)
-for i, (metric, (_, _, explanation)) in enumerate(HEAD_METRICS.items()):
-    with columns[i % 2]:
-        events.append(state.show_chart(head_metric_heatmap(heads, metric), f"heads_{metric}", select=True))
-        st.caption(explanation)
-if att.no_map:
-    st.info(
-        "Layers without a map (grey): " + "; ".join(f"layer {k}: {v}" for k, v in sorted(att.no_map.items())),
-        icon="ℹ",
+# Widgets rerun only their part: a clicked head or a moved window redraws the grid and the map, the
+# what-if inputs redraw the what-if.
+@st.fragment
+def heads_and_map() -> None:
+    """The head grid (every layer × head) and one head's map over a visible window."""
+    st.subheader("Every head at a glance")
+    window = state.number(
+        "Local window W (tokens)",
+        "attention_window",
+        32,
+        1,
+        4096,
+        help="Keys with 0 ≤ i − j < W count as local (local mass; kind local when > 0.5).",
     )
-state.table_downloads(heads, "head_summary")
+    bar = st.progress(0.0, text="Summarising the heads…")
+    for i, layer in enumerate(att.map_layers):  # fills the capture's cache, layer by layer, with progress
+        bar.progress(i / len(att.map_layers), text=f"Summarising the heads of layer {layer}…")
+        att.summaries(window, layers=[layer])
+    bar.empty()
+    heads = att.head_summary(window)
 
-# ---- one head's map ---------------------------------------------------------------------------------------
-st.subheader("One head's map", anchor="map")
-layer, head = state.pick_head(
-    att.map_layers, att.layers[att.map_layers[0]].num_heads, state.clicked_head(*events)
-)
-size = WINDOW_SIZES[-1]
-if num_tokens > WINDOW_SIZES[0]:
-    size = st.select_slider(
-        "Window (tokens)", WINDOW_SIZES, value=64, help="Query rows and key columns shown; computed on demand"
+    events = []
+    columns = st.columns(2)
+    for i, (metric, (_, _, explanation)) in enumerate(HEAD_METRICS.items()):
+        with columns[i % 2]:
+            events.append(
+                state.show_chart(head_metric_heatmap(heads, metric), f"heads_{metric}", select=True)
+            )
+            st.caption(explanation)
+    if att.no_map:
+        st.info(
+            "Layers without a map (grey): "
+            + "; ".join(f"layer {k}: {v}" for k, v in sorted(att.no_map.items())),
+            icon="ℹ",
+        )
+    state.table_downloads(heads, "head_summary")
+
+    # one head's map ---------------------------------------------------------------------------------------
+    st.subheader("One head's map", anchor="map")
+    layer, head = state.pick_head(
+        att.map_layers, att.layers[att.map_layers[0]].num_heads, state.clicked_head(*events)
     )
-r0, c0 = 0, 0
-if num_tokens > size:
+    size = WINDOW_SIZES[-1]
+    if num_tokens > WINDOW_SIZES[0]:
+        size = st.select_slider(
+            "Window (tokens)",
+            WINDOW_SIZES,
+            value=64,
+            help="Query rows and key columns shown; computed on demand",
+        )
+    r0, c0 = 0, 0
+    if num_tokens > size:
+        a, b = st.columns(2)
+        r0 = a.slider("First query shown", 0, num_tokens - size, num_tokens - size, step=max(size // 4, 1))
+        c0 = b.slider("First key shown", 0, num_tokens - size, r0, step=max(size // 4, 1))
+    rows = range(*token_window(num_tokens, max_tokens=size, start=r0))
+    cols = range(*token_window(num_tokens, max_tokens=size, start=c0))
+    block = att.block(layer, head, seq, rows=list(rows), cols=list(cols))
+    cells = attention_block_frame(block, rows, cols, tokens)
+    picked = heads[(heads["layer"] == layer) & (heads["head"] == head)].iloc[0]
+    state.show_chart(
+        attention_map_chart(cells, title=f"Layer {layer}, head {head} ({picked['kind']})"), "attention_map"
+    )
+    st.caption(
+        "Cell (i, j) = p_ij = softmax_j(scaling · q_i · k_j + mask), the share of query i's attention on "
+        "key j, recomputed exactly from the captured queries and keys for this window only (never the whole "
+        "T × T map). "
+        "Rows are normalised over all keys, so a window's row may sum to less than 1; future keys are 0."
+    )
+    m1, m2, m3, m4 = st.columns(4)
+    m1.metric("Entropy", f"{picked['mean_entropy']:.2f} nats", help=HEAD_METRICS["mean_entropy"][2])
+    m2.metric(
+        "Mean distance", f"{picked['mean_mean_distance']:.1f}", help=HEAD_METRICS["mean_mean_distance"][2]
+    )
+    m3.metric("Sink mass", f"{picked['mean_sink_mass']:.0%}", help=HEAD_METRICS["mean_sink_mass"][2])
+    m4.metric("Local mass", f"{picked['mean_local_mass']:.0%}", help=HEAD_METRICS["mean_local_mass"][2])
+    state.table_downloads(cells, f"attention_L{layer}_H{head}")
+
+
+@st.fragment
+def kv_cache() -> None:
+    """KV-cache bytes per token and the mass each head would lose with a smaller cache."""
+    st.subheader("KV cache: what if it kept less?")
+    per_token = att.kv_cache_bytes_per_token()
+    total = int(per_token["bytes_per_token"].sum())
+    k1, k2, k3 = st.columns(3)
+    k1.metric(
+        "KV bytes per token",
+        f"{total:,}",
+        help="Σ over softmax layers of Hkv · (Dk + Dv) · dtype bytes: what one more token adds to the cache.",
+    )
+    k2.metric(
+        f"Cache at {num_tokens} tokens",
+        f"{total * num_tokens / 2**20:.2f} MiB",
+        help="bytes per token × tokens",
+    )
+    latent = per_token.get("mla_latent_bytes")
+    if latent is not None and latent.notna().any():
+        k3.metric(
+            "MLA latent bytes per token",
+            f"{int(latent.fillna(0).sum()):,}",
+            help="(kv_lora_rank + qk_rope_head_dim) · dtype bytes per layer: what DeepSeek-style engines "
+            "cache",
+        )
+    st.dataframe(per_token, hide_index=True)
+    state.table_downloads(per_token, "kv_bytes_per_token")
+
     a, b = st.columns(2)
-    r0 = a.slider("First query shown", 0, num_tokens - size, num_tokens - size, step=max(size // 4, 1))
-    c0 = b.slider("First key shown", 0, num_tokens - size, r0, step=max(size // 4, 1))
-rows = range(*token_window(num_tokens, max_tokens=size, start=r0))
-cols = range(*token_window(num_tokens, max_tokens=size, start=c0))
-block = att.block(layer, head, seq, rows=list(rows), cols=list(cols))
-cells = attention_block_frame(block, rows, cols, tokens)
-picked = heads[(heads["layer"] == layer) & (heads["head"] == head)].iloc[0]
-state.show_chart(
-    attention_map_chart(cells, title=f"Layer {layer}, head {head} ({picked['kind']})"), "attention_map"
-)
-st.caption(
-    "Cell (i, j) = p_ij = softmax_j(scaling · q_i · k_j + mask), the share of query i's attention on key j, "
-    "recomputed exactly from the captured queries and keys for this window only (never the whole T × T map). "
-    "Rows are normalised over all keys, so a window's row may sum to less than 1; future keys are 0."
-)
-m1, m2, m3, m4 = st.columns(4)
-m1.metric("Entropy", f"{picked['mean_entropy']:.2f} nats", help=HEAD_METRICS["mean_entropy"][2])
-m2.metric("Mean distance", f"{picked['mean_mean_distance']:.1f}", help=HEAD_METRICS["mean_mean_distance"][2])
-m3.metric("Sink mass", f"{picked['mean_sink_mass']:.0%}", help=HEAD_METRICS["mean_sink_mass"][2])
-m4.metric("Local mass", f"{picked['mean_local_mass']:.0%}", help=HEAD_METRICS["mean_local_mass"][2])
-state.table_downloads(cells, f"attention_L{layer}_H{head}")
-
-# ---- KV cache ---------------------------------------------------------------------------------------------
-st.subheader("KV cache: what if it kept less?")
-per_token = att.kv_cache_bytes_per_token()
-total = int(per_token["bytes_per_token"].sum())
-k1, k2, k3 = st.columns(3)
-k1.metric(
-    "KV bytes per token",
-    f"{total:,}",
-    help="Σ over softmax layers of Hkv · (Dk + Dv) · dtype bytes: what one more token adds to the cache.",
-)
-k2.metric(
-    f"Cache at {num_tokens} tokens", f"{total * num_tokens / 2**20:.2f} MiB", help="bytes per token × tokens"
-)
-latent = per_token.get("mla_latent_bytes")
-if latent is not None and latent.notna().any():
-    k3.metric(
-        "MLA latent bytes per token",
-        f"{int(latent.fillna(0).sum()):,}",
-        help="(kv_lora_rank + qk_rope_head_dim) · dtype bytes per layer: what DeepSeek-style engines cache",
+    with a:
+        keep_last = state.number(
+            "Keep the last W keys", "whatif_window", min(256, max(num_tokens // 2, 1)), 1, 1_000_000
+        )
+    with b:
+        keep_first = state.number("… plus the first G tokens", "whatif_global", 4, 0, 1_000_000)
+    with st.spinner("Measuring the mass each head would lose…"):
+        whatif = att.kv_cache_whatif(keep_last, keep_first)
+    state.show_chart(
+        kv_whatif_heatmap(whatif, title=f"Attention mass lost with W = {keep_last}, G = {keep_first}"),
+        "kv_whatif",
     )
-st.dataframe(per_token, hide_index=True)
-state.table_downloads(per_token, "kv_bytes_per_token")
-
-a, b = st.columns(2)
-with a:
-    keep_last = state.number(
-        "Keep the last W keys", "whatif_window", min(256, max(num_tokens // 2, 1)), 1, 1_000_000
+    full = int(whatif["full_cache_bytes"].drop_duplicates().sum()) if len(whatif) else 0
+    kept = int(whatif.groupby("layer")["whatif_cache_bytes"].first().sum()) if len(whatif) else 0
+    st.caption(
+        "Lost mass of query i = Σ p_ij over the keys such a cache would have evicted (i − j ≥ W and j ≥ G): "
+        f"what the head could no longer see. The cache would hold {kept / 2**20:.2f} MiB instead of "
+        f"{full / 2**20:.2f} MiB at the longest sequence ({kept / full if full else 1:.0%})."
     )
-with b:
-    keep_first = state.number("… plus the first G tokens", "whatif_global", 4, 0, 1_000_000)
-with st.spinner("Measuring the mass each head would lose…"):
-    whatif = att.kv_cache_whatif(keep_last, keep_first)
-state.show_chart(
-    kv_whatif_heatmap(whatif, title=f"Attention mass lost with W = {keep_last}, G = {keep_first}"),
-    "kv_whatif",
-)
-full = int(whatif["full_cache_bytes"].drop_duplicates().sum()) if len(whatif) else 0
-kept = int(whatif.groupby("layer")["whatif_cache_bytes"].first().sum()) if len(whatif) else 0
-st.caption(
-    "Lost mass of query i = Σ p_ij over the keys such a cache would have evicted (i − j ≥ W and j ≥ G): what "
-    f"the head could no longer see. The cache would hold {kept / 2**20:.2f} MiB instead of "
-    f"{full / 2**20:.2f} MiB at the longest sequence ({kept / full if full else 1:.0%})."
-)
-state.table_downloads(whatif, "kv_whatif")
+    state.table_downloads(whatif, "kv_whatif")
+
+
+heads_and_map()
+kv_cache()

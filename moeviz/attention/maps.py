@@ -355,16 +355,20 @@ class AttentionCapture:
             lo_all, hi_all = torch.from_numpy(spec.lo[b]), torch.from_numpy(spec.hi[b])
             start = 0
             while start < t_n:
-                # Rows per block so that [H, rows, keys] stays near _BLOCK_ELEMENTS; causal rows widen.
-                rows = max(1, _BLOCK_ELEMENTS // max(1, h_n * (int(hi_all[start]) + 1)))
+                # Rows per block so that [H, rows, keys] stays near _BLOCK_ELEMENTS; the keys a block needs
+                # span from its rows' first key to their last (causal rows widen, sliding windows do not).
+                rows = max(1, _BLOCK_ELEMENTS // max(1, h_n * _key_span(lo_all, hi_all, start, start + 1)))
                 stop = min(t_n, start + rows)
-                while stop - start > 1 and h_n * (stop - start) * (int(hi_all[start:stop].max()) + 1) > (
+                while stop - start > 1 and h_n * (stop - start) * _key_span(lo_all, hi_all, start, stop) > (
                     2 * _BLOCK_ELEMENTS
                 ):
                     stop = start + (stop - start) // 2
                 lo, hi = lo_all[start:stop], hi_all[start:stop]
-                k0 = int(lo[hi >= lo].min()) if bool((hi >= lo).any()) else 0
-                k1 = max(k0, int(hi.max()) + 1)
+                if not bool((hi >= lo).any()):  # padding only: no statistics to compute
+                    start = stop
+                    continue
+                k0 = int(lo[hi >= lo].min())
+                k1 = int(hi.max()) + 1
                 stats = _block_stats(
                     q_all[:, start:stop],
                     k_all[:, k0:k1],
@@ -536,6 +540,15 @@ class AttentionCapture:
                 part[name] = stats[name][b, :, off : off + n].reshape(-1).astype(np.float32)
             parts.append(pd.DataFrame(part))
         return pd.concat(parts, ignore_index=True)
+
+
+def _key_span(lo, hi, start: int, stop: int) -> int:
+    """Keys the query rows start:stop attend to, from the first to the last (rows without keys ignored)."""
+    lo, hi = lo[start:stop], hi[start:stop]
+    real = hi >= lo
+    if not bool(real.any()):
+        return 1
+    return int(hi[real].max()) - int(lo[real].min()) + 1
 
 
 def _block_stats(

@@ -30,9 +30,10 @@ import torch
 import torch.nn.functional as F
 
 DOMAINS = ("english", "python", "bible_en", "bible_es", "data")
+LONG_CONTEXT = 32_768  # context of the Mixtral samples (sliding-window attention)
 
 
-def build_config(arch: str, vocab: int, tokenizer, small: bool):
+def build_config(arch: str, vocab: int, tokenizer, small: bool, seq: int = 256):
     """The two sample architectures (or tiny versions of them for the CI smoke run)."""
     from transformers import DeepseekV3Config, MixtralConfig
 
@@ -55,7 +56,11 @@ def build_config(arch: str, vocab: int, tokenizer, small: bool):
             num_local_experts=8,
             num_experts_per_tok=2,
             router_aux_loss_coef=0.0,  # balancing is ours, per layer
-            **special,
+            # A sliding window as long as the training sequences: identical to full attention on every
+            # training sequence, and every relative position stays one that training saw, so the model
+            # stays in distribution up to a long context (the app's 32k-token views run on it).
+            **{**special, "max_position_embeddings": LONG_CONTEXT},
+            sliding_window=seq,
         )
     if arch == "deepseek_v3":
         return DeepseekV3Config(
@@ -188,7 +193,7 @@ def main() -> None:
     random.seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     data = load_domains(args.corpus, tokenizer, "train")
-    config = build_config(args.arch, len(tokenizer), tokenizer, args.small)
+    config = build_config(args.arch, len(tokenizer), tokenizer, args.small, args.seq)
     model = AutoModelForCausalLM.from_config(config).train()
     balancer = BiasBalancer(model, args.bias_rate) if args.balance == "bias" else None
     coef = {"per-layer": args.aux_coef, "none": 0.0, "inverted": -args.aux_coef, "bias": 0.0}[args.balance]

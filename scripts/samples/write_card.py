@@ -16,6 +16,17 @@ import moeviz
 from moeviz.samples import measure_sample
 
 
+def attention_line(config: dict) -> str:
+    """The card's sentence on attention span (sliding-window models only)."""
+    window = config.get("sliding_window")
+    if not window:
+        return ""
+    return (
+        f"\nAttention: a sliding window of {window} tokens (the training length), so the model stays in "
+        f"distribution up to its {config['max_position_embeddings']:,}-token context."
+    )
+
+
 def card(folder: Path, stats: dict, title: str, how: str) -> str:
     config = json.loads((folder / "config.json").read_text())
     training = json.loads((folder / "training.json").read_text())
@@ -48,7 +59,7 @@ def card(folder: Path, stats: dict, title: str, how: str) -> str:
 ## Architecture
 `{config["architectures"][0]}`: {config["num_hidden_layers"]} layers, d={config["hidden_size"]}, \
 {config.get("num_local_experts") or config.get("n_routed_experts")} routed experts, \
-top-{config["num_experts_per_tok"]}, vocabulary {config["vocab_size"]} (byte-level BPE), tied embeddings.
+top-{config["num_experts_per_tok"]}, vocabulary {config["vocab_size"]} (byte-level BPE), tied embeddings.{attention_line(config)}
 Parameters: {stats["parameters_total"]:,} total, {stats["parameters_active_per_token"]:,} active per token.
 Weights stored as fp16 safetensors.
 
