@@ -119,12 +119,18 @@ def load_model(
     *,
     dtype: torch.dtype = torch.float32,
     trust_remote_code: bool = False,
+    device_map: str | int | dict[str, Any] | None = None,
+    offload_folder: str | Path | None = None,
 ) -> LoadedModel:
     """Load an MoE model for capture.
 
     `source` is a local Hugging Face folder (config.json + safetensors, tokenizer optional) or
     `sample:NAME` for a folder under `sample_models/`. Nothing is downloaded. Pickled weights are refused
     unless they load with `torch.load(weights_only=True)`. Remote code runs only with `trust_remote_code`.
+
+    `device_map` (needs `accelerate`) places the model across devices as `from_pretrained` does: `"auto"`
+    splits a model too large for one GPU over the GPUs, then CPU RAM, then disk (`offload_folder`), or a
+    dict {module name: device | "cpu" | "disk"}. Inputs stay on the CPU; hooks move them to the model.
     """
     folder = resolve_source(source)
     config = _load_config(folder, trust_remote_code)
@@ -138,6 +144,7 @@ def load_model(
         )
     del skeleton
     use_safetensors = _check_weight_files(folder)
+    placement = {} if device_map is None else _placement(device_map, offload_folder)
     try:
         model, loading_info = auto_class.from_pretrained(
             folder,
@@ -147,8 +154,11 @@ def load_model(
             trust_remote_code=trust_remote_code,
             use_safetensors=use_safetensors,
             output_loading_info=True,
+            **placement,
         )
     except (OSError, ValueError, RuntimeError, KeyError, struct.error) as exc:
+        if placement:  # the weights were checked above: more likely the map does not fit this model
+            raise ModelSourceError(f"could not load {folder} with device_map={device_map!r}: {exc}") from exc
         raise CorruptWeightsError(f"could not read the weights in {folder}: {exc}") from exc
     missing = [k for k in loading_info.get("missing_keys", []) if k]
     if missing:
@@ -157,6 +167,8 @@ def load_model(
             f"weights in {folder} are incomplete: {len(missing)} tensors missing ({shown}…)"
         )
     model.eval()
+    if device_map is not None:
+        _align_inputs(model)
     sites = find_moe_sites(model)
     notes = []
     declared = json.loads((folder / "config.json").read_text()).get("model_type")
@@ -181,6 +193,33 @@ def load_model(
         folder=folder,
         max_length=_max_length(config),
     )
+
+
+def _placement(device_map: str | int | dict[str, Any], offload_folder: str | Path | None) -> dict[str, Any]:
+    """`from_pretrained` keywords for a device map; a clear error when accelerate is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec("accelerate") is None:
+        raise ModelSourceError(
+            "device_map needs the accelerate package: pip install accelerate (or moeviz[ray])"
+        )
+    placement: dict[str, Any] = {"device_map": device_map}
+    if offload_folder is not None:
+        placement["offload_folder"] = str(offload_folder)
+    return placement
+
+
+def _align_inputs(model: nn.Module) -> None:
+    """Capture feeds CPU tensors. Accelerate moves them (and the outputs back) only when it split the model
+    over devices; a model placed whole on one accelerator gets the same top-level hook here."""
+    if getattr(model, "_hf_hook", None) is not None:
+        return
+    devices = {p.device for p in model.parameters()} - {torch.device("meta")}
+    if len(devices) != 1 or next(iter(devices)).type == "cpu":
+        return
+    from accelerate.hooks import AlignDevicesHook, add_hook_to_module
+
+    add_hook_to_module(model, AlignDevicesHook(execution_device=devices.pop(), io_same_device=True))
 
 
 def _load_config(folder: Path, trust_remote_code: bool):

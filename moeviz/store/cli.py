@@ -43,6 +43,27 @@ def add_trace_parser(commands) -> argparse.ArgumentParser:
     trace.add_argument("--checkpoint", default=None, help="checkpoint label for one model (default: final)")
     trace.add_argument("--confidence", action="store_true", help="also store per-token entropy and margin")
     trace.add_argument("--quiet", action="store_true", help="no progress bar")
+    trace.add_argument(
+        "--device-map",
+        help="split the model over devices (needs accelerate): auto, cpu, cuda:0, or a JSON "
+        '{"module": device|"cpu"|"disk"}',
+    )
+    trace.add_argument("--offload-folder", type=Path, help="where a device map's 'disk' modules go")
+    ray = trace.add_argument_group("Ray (pip install 'moeviz[ray]')")
+    ray.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="trace on Ray workers: alone, a local Ray with --workers; or a cluster (auto, ray://host:10001)",
+    )
+    ray.add_argument("--workers", type=int, help="Ray workers, each loading the model once (default 2)")
+    ray.add_argument("--cpus-per-worker", type=int, help="CPUs (and torch threads) per worker (default 1)")
+    ray.add_argument(
+        "--gpus-per-worker",
+        type=float,
+        help="GPUs per worker (default 0); with GPUs --device-map defaults to auto",
+    )
     return trace
 
 
@@ -71,6 +92,36 @@ def _settings(args: argparse.Namespace):
     )
 
 
+def _device_map(text: str | None) -> str | int | dict | None:
+    """--device-map: a device or strategy name, a GPU ordinal, or a JSON object."""
+    if text is None:
+        return None
+    if text.lstrip().startswith("{"):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"--device-map is not valid JSON: {exc.msg}") from None
+        if not isinstance(value, dict):
+            raise InputError("--device-map JSON must be an object {module: device}")
+        return value
+    return int(text) if text.isdigit() else text
+
+
+def _ray_options(args: argparse.Namespace):
+    """RayOptions from the flags, or None without --ray (then the Ray-only flags are refused)."""
+    flags = {"workers": 2, "cpus_per_worker": 1, "gpus_per_worker": 0.0}
+    given = [name for name in flags if getattr(args, name, None) is not None]
+    if getattr(args, "ray", None) is None:
+        if given:
+            raise InputError(f"--{given[0].replace('_', '-')} needs --ray")
+        return None
+    from moeviz.store.distributed import RayOptions, require_ray
+
+    require_ray()  # a missing package fails before anything is loaded or written
+    values = {name: getattr(args, name) for name in given}
+    return RayOptions(address=None if args.ray == "local" else args.ray, **{**flags, **values})
+
+
 def _is_series(spec: str) -> bool:
     path = Path(spec)
     return "," in spec or (path.is_dir() and not (path / "config.json").is_file())
@@ -91,12 +142,48 @@ def run_trace(args: argparse.Namespace) -> int:
         check_label(args.label, "model")
     if args.checkpoint:
         check_label(args.checkpoint, "checkpoint")
+    ray = _ray_options(args)
+    placement = {"device_map": _device_map(args.device_map), "offload_folder": args.offload_folder}
+    if args.offload_folder is not None and args.device_map is None:
+        raise InputError("--offload-folder needs --device-map (which modules go to 'disk')")
     hf_logging.disable_progress_bar()
     progress = not args.quiet
+    series = _is_series(args.model)
+    if series and args.checkpoint:
+        raise InputError("--checkpoint labels one model; a series takes its labels from the folders")
     try:
-        if _is_series(args.model):
-            if args.checkpoint:
-                raise InputError("--checkpoint labels one model; a series takes its labels from the folders")
+        if ray is not None:
+            from moeviz.store.distributed import trace_corpus_ray, trace_series_ray
+
+            if series:
+                trace_series_ray(
+                    args.model,
+                    args.corpus,
+                    args.out,
+                    model=args.label,
+                    settings=settings,
+                    resume=args.resume,
+                    progress=progress,
+                    options=ray,
+                    **placement,
+                )
+            else:
+                trace_corpus_ray(
+                    args.model,
+                    args.corpus,
+                    args.out,
+                    model=args.label,
+                    checkpoint=args.checkpoint or "final",
+                    settings=settings,
+                    resume=args.resume,
+                    progress=progress,
+                    options=ray,
+                    trust_remote_code=args.trust_remote_code,
+                    **placement,
+                )
+        elif series:
+            if args.device_map is not None:
+                raise InputError("--device-map with a checkpoint series needs --ray")
             trace_series(
                 args.model,
                 args.corpus,
@@ -107,7 +194,7 @@ def run_trace(args: argparse.Namespace) -> int:
                 progress=progress,
             )
         else:
-            loaded = moeviz.load_model(args.model, trust_remote_code=args.trust_remote_code)
+            loaded = moeviz.load_model(args.model, trust_remote_code=args.trust_remote_code, **placement)
             trace_corpus(
                 loaded,
                 args.corpus,

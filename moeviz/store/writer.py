@@ -64,6 +64,32 @@ def write_part(folder: Path, batch: Batch, table: pa.Table) -> dict[str, Any]:
     }
 
 
+def check_run(
+    store: Path, model: str, checkpoint: str, config: dict[str, Any], resume: bool
+) -> dict[str, Any]:
+    """Refuse (StoreError) what `prepare_run` would refuse, writing nothing; returns the config to record.
+
+    Tracing into an existing run needs `resume` and the same RESUME_KEYS settings."""
+    check_label(model, "model")
+    check_label(checkpoint, "checkpoint")
+    run_file = run_dir(store, model, checkpoint) / RUN_FILE
+    if not run_file.is_file():
+        return config
+    if not resume:
+        raise StoreError(
+            f"store {store} already holds model {model!r} checkpoint {checkpoint!r}: pass --resume to "
+            "continue it, or use another --out / --label"
+        )
+    old = json.loads(run_file.read_text())
+    changed = [key for key in RESUME_KEYS if old.get(key) != config.get(key)]
+    if changed:
+        diffs = ", ".join(f"{key}: {old.get(key)!r} → {config.get(key)!r}" for key in changed)
+        raise StoreError(
+            f"cannot resume model {model!r} checkpoint {checkpoint!r}: settings differ ({diffs})"
+        )
+    return {**old, **{k: v for k, v in config.items() if k != "total_batches"}}
+
+
 def prepare_run(
     store: Path,
     model: str,
@@ -75,22 +101,9 @@ def prepare_run(
     check_label(model, "model")
     check_label(checkpoint, "checkpoint")
     init_store(store)
+    config = check_run(store, model, checkpoint, config, resume)
     folder = run_dir(store, model, checkpoint)
     run_file = folder / RUN_FILE
-    if run_file.is_file():
-        if not resume:
-            raise StoreError(
-                f"store {store} already holds model {model!r} checkpoint {checkpoint!r}: pass --resume to "
-                "continue it, or use another --out / --label"
-            )
-        old = json.loads(run_file.read_text())
-        changed = [key for key in RESUME_KEYS if old.get(key) != config.get(key)]
-        if changed:
-            diffs = ", ".join(f"{key}: {old.get(key)!r} → {config.get(key)!r}" for key in changed)
-            raise StoreError(
-                f"cannot resume model {model!r} checkpoint {checkpoint!r}: settings differ ({diffs})"
-            )
-        config = {**old, **{k: v for k, v in config.items() if k != "total_batches"}}
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob(".*.tmp"):  # temp files of a killed run
         stale.unlink(missing_ok=True)
@@ -121,6 +134,90 @@ def layer_info(trace) -> list[dict[str, Any]]:
         }
         for r in trace.layers
     ]
+
+
+def default_label(source: str | Path) -> str:
+    """The store label of a model traced without --label: its folder (or sample) name."""
+    return slug(Path(str(source)).name)
+
+
+def run_config(
+    source: str | Path,
+    model_type: str,
+    max_length: int | None,
+    corpus: str | Path,
+    settings: TraceSettings,
+    checkpoint_index: int,
+) -> dict[str, Any]:
+    """What run.json records for a corpus trace (the same for the single-process and the Ray path)."""
+    fingerprint = corpus_fingerprint(corpus)
+    return {
+        "source": str(source),
+        "model_type": model_type,
+        "corpus": fingerprint["path"],
+        "corpus_id": fingerprint["id"],
+        "chunk_tokens": min(settings.chunk_tokens, max_length or settings.chunk_tokens),
+        "batch_size": settings.batch_size,
+        "max_batches": settings.max_batches,
+        "confidence": settings.confidence,
+        "checkpoint_index": checkpoint_index,
+        "total_batches": None,
+    }
+
+
+def plan_batches(corpus: str | Path, tokenizer, config: dict[str, Any], settings: TraceSettings):
+    """The run's fixed batch plan (`iter_batches` with the chunk length recorded in `config`)."""
+    tokenize = lambda text: tokenizer(text)["input_ids"]  # noqa: E731
+    return iter_batches(corpus, tokenize, config["chunk_tokens"], settings.batch_size, settings.max_batches)
+
+
+def is_done(done: dict[int, dict[str, Any]], batch: Batch) -> bool:
+    """Whether `batch` is already in the manifest (checking that it still holds the same tokens)."""
+    entry = done.get(batch.index)
+    if entry is None:
+        return False
+    if entry["token_hash"] != batch.token_hash:
+        raise StoreError(
+            f"cannot resume: batch {batch.index} holds other tokens than when it was traced "
+            "(the corpus or tokenizer changed)"
+        )
+    return True
+
+
+def batch_table(
+    loaded, batch: Batch, *, model: str, checkpoint: str, confidence: bool
+) -> tuple[pa.Table, list[dict[str, Any]]]:
+    """Capture one batch and build its store rows: (table of token × layer × rank rows, layer_info).
+
+    The one "batch → rows" step of every writer (single process, Ray workers)."""
+    import moeviz
+
+    trace = moeviz.capture(loaded, token_ids=batch.token_ids)
+    table = trace_table(
+        trace,
+        model=model,
+        checkpoint=checkpoint,
+        batch=batch.index,
+        seq_offset=batch.seq_offset,
+        seq_docs=batch.docs,
+        seq_domains=batch.domains,
+        confidence=confidence,
+    )
+    return table, layer_info(trace)
+
+
+def progress_bar(model: str, checkpoint: str, progress: bool):
+    """A tokens/s bar on stderr (disabled when `progress` is false)."""
+    from tqdm import tqdm
+
+    return tqdm(
+        desc=f"tracing {model}/{checkpoint}",
+        unit="tok",
+        unit_scale=True,
+        file=sys.stderr,
+        disable=not progress,
+        dynamic_ncols=True,
+    )
 
 
 class _PartWriter:
@@ -180,66 +277,29 @@ def trace_corpus(
     `moeviz.store.layout`); with `resume`, batches already in the manifest are skipped after checking
     that their token ids are unchanged. Returns the finished run. `on_batch` is called after each batch
     is queued for writing (tests use it to interrupt a run at a known point)."""
-    from tqdm import tqdm
-
-    import moeviz
-
     settings = settings or TraceSettings()
     if loaded.tokenizer is None:
         raise StoreError("tracing a corpus needs a model with a tokenizer")
     store = Path(store)
-    model = model or slug(Path(loaded.info.source).name)
-    chunk = min(settings.chunk_tokens, loaded.max_length or settings.chunk_tokens)
-    config = {
-        "source": str(loaded.info.source),
-        "model_type": loaded.info.model_type,
-        "corpus": corpus_fingerprint(corpus)["path"],
-        "corpus_id": corpus_fingerprint(corpus)["id"],
-        "chunk_tokens": chunk,
-        "batch_size": settings.batch_size,
-        "max_batches": settings.max_batches,
-        "confidence": settings.confidence,
-        "checkpoint_index": checkpoint_index,
-        "total_batches": None,
-    }
+    model = model or default_label(loaded.info.source)
+    config = run_config(
+        loaded.info.source, loaded.info.model_type, loaded.max_length, corpus, settings, checkpoint_index
+    )
     folder, done = prepare_run(store, model, checkpoint, config, resume)
-    tokenize = lambda text: loaded.tokenizer(text)["input_ids"]  # noqa: E731
     writer = _PartWriter(folder)
     total = 0
     layers: list[dict[str, Any]] | None = None
-    bar = tqdm(
-        desc=f"tracing {model}/{checkpoint}",
-        unit="tok",
-        unit_scale=True,
-        file=sys.stderr,
-        disable=not progress,
-        dynamic_ncols=True,
-    )
+    bar = progress_bar(model, checkpoint, progress)
     started = time.perf_counter()
     try:
-        for batch in iter_batches(corpus, tokenize, chunk, settings.batch_size, settings.max_batches):
+        for batch in plan_batches(corpus, loaded.tokenizer, config, settings):
             total = batch.index + 1
-            entry = done.get(batch.index)
-            if entry is not None:
-                if entry["token_hash"] != batch.token_hash:
-                    raise StoreError(
-                        f"cannot resume: batch {batch.index} holds other tokens than when it was traced "
-                        "(the corpus or tokenizer changed)"
-                    )
+            if is_done(done, batch):
                 continue
-            trace = moeviz.capture(loaded, token_ids=batch.token_ids)
-            if layers is None:
-                layers = layer_info(trace)
-            table = trace_table(
-                trace,
-                model=model,
-                checkpoint=checkpoint,
-                batch=batch.index,
-                seq_offset=batch.seq_offset,
-                seq_docs=batch.docs,
-                seq_domains=batch.domains,
-                confidence=settings.confidence,
+            table, batch_layers = batch_table(
+                loaded, batch, model=model, checkpoint=checkpoint, confidence=settings.confidence
             )
+            layers = layers or batch_layers
             writer.put(batch, table)
             bar.update(batch.num_tokens)
             if on_batch is not None:

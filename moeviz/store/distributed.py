@@ -1,0 +1,331 @@
+"""`moeviz trace --ray`: the corpus store written by many Ray workers (one machine, or a cluster).
+
+Each worker is a Ray actor that loads the model once (`moeviz.load_model`, optionally split over devices
+with a `device_map`), and turns batches into store rows with the same `batch_table` the single-process
+writer uses, writing its own Parquet parts straight into the run folder. The driver walks the same fixed
+batch plan (`iter_batches`), hands each batch not yet in the manifest to a free worker (at most `DEPTH`
+per worker in flight, so memory stays bounded), and appends each finished part to the manifest and
+finishes the run as `trace_corpus` does: the store is the one a single process writes, and `--resume`
+continues a run started with or without Ray. Manifest lines are in completion order (readers key them by
+batch). Every worker must see the store folder at the same path (a shared filesystem on a cluster).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moeviz.errors import InputError, MoevizError
+from moeviz.store.layout import MANIFEST_FILE, RunInfo, StoreError, append_manifest, list_runs
+from moeviz.store.plan import Batch
+from moeviz.store.writer import (
+    TraceSettings,
+    batch_table,
+    check_run,
+    default_label,
+    finish_run,
+    is_done,
+    plan_batches,
+    prepare_run,
+    progress_bar,
+    run_config,
+    write_part,
+)
+
+DEPTH = 2  # batches queued per worker: one running, one waiting, so a worker never idles on the driver
+DRAIN_S = 30.0  # on an error or Ctrl-C, how long to wait for batches already running to be recorded
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Where the workers run. `address`: None starts a local Ray sized for the workers; "auto" or
+    "ray://host:10001" joins a running cluster. Each worker reserves `cpus_per_worker` CPUs (and as many
+    torch threads) and `gpus_per_worker` GPUs."""
+
+    address: str | None = None
+    workers: int = 2
+    cpus_per_worker: int = 1
+    gpus_per_worker: float = 0.0
+
+
+def require_ray():
+    """The `ray` module, or an InputError (exit 2) that says how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise InputError(
+            "--ray needs the ray package, which is not installed: pip install 'moeviz[ray]'"
+        ) from None
+    return ray
+
+
+@contextmanager
+def ray_session(options: RayOptions) -> Iterator[None]:
+    """Connect to Ray for the duration (or reuse a session already open; then it is left open)."""
+    ray = require_ray()
+    if options.workers < 1 or options.cpus_per_worker < 1 or options.gpus_per_worker < 0:
+        raise InputError("--workers and --cpus-per-worker must be >= 1, --gpus-per-worker >= 0")
+    if ray.is_initialized():
+        yield
+        return
+    quiet = {"include_dashboard": False, "logging_level": logging.WARNING}
+    if options.address in (None, "local"):
+        ray.init(address="local", num_cpus=options.workers * options.cpus_per_worker, **quiet)
+    else:
+        ray.init(address=options.address, logging_level=logging.WARNING)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+class TraceWorker:
+    """A Ray actor body: one loaded model that turns batches into Parquet parts of a run folder."""
+
+    def __init__(self, source: str, threads: int, load_kwargs: dict[str, Any]) -> None:
+        import torch
+        from transformers.utils import logging as hf_logging
+
+        import moeviz
+
+        torch.set_num_threads(threads)  # the actor's CPU reservation, not every core of the node
+        hf_logging.disable_progress_bar()
+        # a bad model is reported by ready(): an error raised here would reach the driver as a bare
+        # ActorDiedError, without the MoevizError that says what is wrong
+        self.error: MoevizError | None = None
+        try:
+            self.loaded = moeviz.load_model(source, **load_kwargs)
+        except MoevizError as exc:
+            self.error = exc
+
+    def ready(self) -> None:
+        """Returns once the model is loaded; raises the MoevizError that stopped it loading."""
+        if self.error is not None:
+            raise self.error
+
+    def trace(
+        self, folder: str, batch: Batch, model: str, checkpoint: str, confidence: bool
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Capture `batch`, write its part into `folder`; returns (manifest entry, layer_info)."""
+        table, layers = batch_table(
+            self.loaded, batch, model=model, checkpoint=checkpoint, confidence=confidence
+        )
+        return write_part(Path(folder), batch, table), layers
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """A worker's MoevizError (bad model, bad device map…) as itself, so the CLI exits 2 with its text;
+    anything else as Ray raised it (its message holds the worker's traceback)."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, MoevizError) else exc
+
+
+def _start_workers(ray, source: str, options: RayOptions, load_kwargs: dict[str, Any]) -> list:
+    """`options.workers` actors, each loading the model; waits until all have loaded it."""
+    actor = ray.remote(TraceWorker).options(
+        num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker
+    )
+    workers = [
+        actor.remote(str(source), options.cpus_per_worker, load_kwargs) for _ in range(options.workers)
+    ]
+    try:
+        ray.get([w.ready.remote() for w in workers])
+    except Exception as exc:
+        for worker in workers:
+            ray.kill(worker)
+        raise _unwrap(exc) from None
+    return workers
+
+
+def trace_corpus_ray(
+    source: str | Path,
+    corpus: str | Path,
+    store: str | Path,
+    *,
+    model: str | None = None,
+    checkpoint: str = "final",
+    checkpoint_index: int = 0,
+    settings: TraceSettings | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    options: RayOptions | None = None,
+    device_map: str | int | dict[str, Any] | None = None,
+    offload_folder: str | Path | None = None,
+    trust_remote_code: bool = False,
+) -> RunInfo:
+    """`trace_corpus` with the model loaded and run on `options.workers` Ray actors (see the module doc).
+
+    `source` is what `moeviz.load_model` takes (a folder every worker can read, or `sample:NAME`);
+    `device_map` / `offload_folder` go to it (GPU workers default to `device_map="auto"`). Returns the run,
+    row for row the one `trace_corpus` writes on the same device type."""
+    from moeviz.models.loading import (
+        SAMPLE_PREFIX,
+        _load_config,
+        _load_tokenizer,
+        _max_length,
+        resolve_source,
+    )
+
+    ray = require_ray()
+    options = options or RayOptions()
+    settings = settings or TraceSettings()
+    store = Path(store).resolve()  # workers may run in another working directory
+    model = model or default_label(source)
+    # the driver reads what run.json records (and the tokenizer for the plan) as load_model does, so a
+    # refused resume fails here, before every worker has loaded the model
+    model_folder = resolve_source(source)
+    tokenizer = _load_tokenizer(model_folder, trust_remote_code)
+    if tokenizer is None:
+        raise StoreError("tracing a corpus needs a model with a tokenizer")
+    hf_config = _load_config(model_folder, trust_remote_code)
+    config = run_config(
+        source, str(hf_config.model_type), _max_length(hf_config), corpus, settings, checkpoint_index
+    )
+    check_run(store, model, checkpoint, config, resume)
+    if device_map is None and options.gpus_per_worker > 0:
+        device_map = "auto"  # Ray hands each actor its GPUs; without a map the model would stay on CPU
+    load_kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if device_map is not None:
+        offload = None if offload_folder is None else str(Path(offload_folder).resolve())
+        load_kwargs.update(device_map=device_map, offload_folder=offload)
+    # workers may run in another working directory: they get an absolute path, run.json the source as given
+    # (as the single-process path records it, so either path can --resume the other's run)
+    text = str(source)
+    load_source = text if text.startswith(SAMPLE_PREFIX) else str(Path(text).resolve())
+
+    with ray_session(options):
+        workers = _start_workers(ray, load_source, options, load_kwargs)
+        try:
+            folder, done = prepare_run(store, model, checkpoint, config, resume)
+            batches = plan_batches(corpus, tokenizer, config, settings)
+            total, layers = _dispatch(
+                ray,
+                workers,
+                batches,
+                done,
+                folder,
+                model=model,
+                checkpoint=checkpoint,
+                settings=settings,
+                progress=progress,
+            )
+        finally:
+            for worker in workers:  # frees the model on every node before the next checkpoint loads
+                ray.kill(worker)
+    finish_run(folder, total, layers)
+    return next(r for r in list_runs(store) if r.model == model and r.checkpoint == checkpoint)
+
+
+def _dispatch(
+    ray,
+    workers: list,
+    batches: Iterator[Batch],
+    done: dict[int, dict[str, Any]],
+    folder: Path,
+    *,
+    model: str,
+    checkpoint: str,
+    settings: TraceSettings,
+    progress: bool,
+) -> tuple[int, list[dict[str, Any]] | None]:
+    """Hand out the plan's batches to free workers and record each finished part in the manifest.
+
+    Returns (plan length, layer_info of the first traced batch or None when every batch was done)."""
+    manifest = folder / MANIFEST_FILE
+    # free slots, worker-interleaved so the first batches go to different workers
+    free = deque(worker for _ in range(DEPTH) for worker in workers)
+    pending: dict[Any, Any] = {}  # object ref → worker
+    total = 0
+    layers: list[dict[str, Any]] | None = None
+    bar = progress_bar(model, checkpoint, progress)
+    started = time.perf_counter()
+
+    def record(ref) -> None:
+        nonlocal layers
+        free.append(pending.pop(ref))
+        try:
+            entry, batch_layers = ray.get(ref)
+        except Exception as exc:
+            raise _unwrap(exc) from None
+        append_manifest(manifest, entry)  # only the driver appends: one writer, lines never interleave
+        layers = layers or batch_layers
+        bar.update(entry["tokens"])
+
+    try:
+        for batch in batches:
+            total = batch.index + 1
+            if is_done(done, batch):
+                continue
+            while not free:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                record(ready[0])
+            worker = free.popleft()
+            ref = worker.trace.remote(str(folder), batch, model, checkpoint, settings.confidence)
+            pending[ref] = worker
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            record(ready[0])
+    except BaseException:
+        # keep what already finished (an interrupted single-process run keeps its queued parts too);
+        # anything else is re-traced on --resume
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=DRAIN_S) if pending else ([], [])
+        for ref in ready:
+            with suppress(Exception):  # a failed batch is not recorded: it is retraced on resume
+                record(ref)
+        raise
+    finally:
+        bar.close()
+    if progress:
+        elapsed = time.perf_counter() - started
+        print(
+            f"traced {model}/{checkpoint}: {total} batches on {len(workers)} Ray workers in {elapsed:.1f}s",
+            file=sys.stderr,
+        )
+    return total, layers
+
+
+def trace_series_ray(
+    spec: str | Path | Sequence[str | Path],
+    corpus: str | Path,
+    store: str | Path,
+    *,
+    model: str | None = None,
+    settings: TraceSettings | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    options: RayOptions | None = None,
+    device_map: str | int | dict[str, Any] | None = None,
+    offload_folder: str | Path | None = None,
+) -> tuple[str, list[str]]:
+    """`trace_series` on Ray: each checkpoint in turn on all workers (one Ray session for the series).
+
+    Returns (model label, checkpoint labels in order)."""
+    from moeviz.store.checkpoints import resolve_series
+
+    options = options or RayOptions()
+    name, checkpoints = resolve_series(spec)
+    name = model or name
+    with ray_session(options):
+        for index, (label, folder) in enumerate(checkpoints):
+            trace_corpus_ray(
+                folder,
+                corpus,
+                store,
+                model=name,
+                checkpoint=label,
+                checkpoint_index=index,
+                settings=settings,
+                resume=resume,
+                progress=progress,
+                options=options,
+                device_map=device_map,
+                offload_folder=offload_folder,
+            )
+    return name, [label for label, _ in checkpoints]
