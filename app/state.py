@@ -12,6 +12,8 @@ import functools
 import io
 import os
 import tempfile
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -117,15 +119,56 @@ def get_model(source: str) -> moeviz.LoadedModel:
     return moeviz.load_model(check_source(source))
 
 
-@st.cache_resource(show_spinner="Routing the prompt through the model…", max_entries=8)
-def _captured(source: str, text: str) -> moeviz.Trace:
-    """One forward of `text` with routing and (decoder-only models) attention, per (model, text).
+class CaptureCache:
+    """The latest captures per (model, text), shared by every session; each is computed once, also when
+    several sessions ask for it at the same time.
 
-    A resource, not data: the attention capture holds a lock and its lazily computed summaries, so it
-    cannot be pickled; it is read-only and thread-safe, so sessions may share it. Few entries: the
-    capture keeps every layer's queries and keys (linear in tokens, but not small)."""
-    loaded = get_model(source)
-    return moeviz.capture(loaded, text, attention=not loaded.is_encoder_decoder)
+    A capture is a resource, not data: its attention part holds a lock and lazily computed summaries, so it
+    cannot be pickled; it is read-only and thread-safe, so sessions may share it. Few entries: it keeps
+    every layer's queries and keys (linear in tokens, but not small). Not `st.cache_resource` on the
+    capture itself: a cached function replays the elements it drew on later hits, and a capture draws its
+    progress bar while it runs."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._done: OrderedDict[tuple[str, str], moeviz.Trace] = OrderedDict()
+        self._running: dict[tuple[str, str], threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def get(self, source: str, text: str, progress: Callable[[int, int], None] | None = None) -> moeviz.Trace:
+        key = (source, text)
+        with self._lock:
+            if key in self._done:
+                self._done.move_to_end(key)
+                return self._done[key]
+            running = self._running.setdefault(key, threading.Lock())
+        with running:  # a second session asking for the same capture waits for the first one
+            with self._lock:
+                if key in self._done:
+                    return self._done[key]
+            try:
+                loaded = get_model(source)
+                trace = moeviz.capture(
+                    loaded, text, attention=not loaded.is_encoder_decoder, progress=progress
+                )
+            finally:
+                with self._lock:
+                    self._running.pop(key, None)
+            with self._lock:
+                self._done[key] = trace
+                while len(self._done) > self._size:
+                    self._done.popitem(last=False)
+        return trace
+
+
+@st.cache_resource
+def _captures() -> CaptureCache:
+    return CaptureCache(size=8)
+
+
+def _captured(source: str, text: str, progress: Callable[[int, int], None] | None = None) -> moeviz.Trace:
+    """One forward of `text` with routing and (decoder-only models) attention, per (model, text)."""
+    return _captures().get(source, text, progress)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -174,10 +217,19 @@ def get_attention(source: str, text: str) -> AttentionCapture | None:
         st.stop()
 
 
+def _routing_text(done: int, total: int) -> str:
+    return f"Routing the prompt through the model: MoE layer {done} of {total}…"
+
+
 def load_or_stop(source: str, text: str) -> moeviz.Trace:
     """Load and capture, showing a library error as a message (never a traceback) and stopping the page."""
     try:
         get_model(source)
+        bar = st.empty()
+        _captured(
+            source, text, lambda done, total: bar.progress(done / total, text=_routing_text(done, total))
+        )
+        bar.empty()
         return get_trace(source, text)
     except moeviz.MoevizError as exc:
         st.error(str(exc))

@@ -62,6 +62,19 @@ def test_generate_marks_prompt_and_steps(tiny_model_dir):
         assert routed[routed.phase == "generated"].step.tolist() == list(range(1, len(tokens) - 4))
 
 
+def test_progress_counts_router_calls(tiny_model_dir):
+    loaded = moeviz.load_model(tiny_model_dir("mixtral"))
+    sites = len(loaded.sites)
+    seen = []
+    moeviz.capture(loaded, token_ids=[[5, 6, 7]], progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(i, sites) for i in range(1, sites + 1)]
+    seen.clear()
+    gen = moeviz.capture(loaded, token_ids=[[5, 6, 7]], generate=3, progress=lambda d, t: seen.append((d, t)))
+    forwards = int(gen.tokens.step.max())  # the prefill and each step that fed a token back (not the last)
+    assert [d for d, _ in seen] == list(range(1, sites * forwards + 1))
+    assert {t for _, t in seen} == {sites * 3}
+
+
 def test_generate_routing_equals_forward_on_full_sequence(tiny_model_dir):
     """The step-by-step (KV-cached) routing equals one forward over prompt + generated tokens."""
     loaded = moeviz.load_model(tiny_model_dir("qwen3_moe"))

@@ -26,6 +26,7 @@ class Recorder:
 
     router_outputs: list[list[Any]]
     expert_args: list[list[Sequence[Any]]]
+    on_router: Callable[[int], None] | None = None  # called with the site index after each router call
 
     @classmethod
     def for_sites(cls, n_sites: int) -> Recorder:
@@ -84,6 +85,8 @@ def _router_hook(index: int):
         recorder = getattr(_active, "recorder", None)
         if recorder is not None:
             recorder.router_outputs[index].append(output)
+            if recorder.on_router is not None:
+                recorder.on_router(index)
 
     return hook
 

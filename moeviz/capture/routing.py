@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 
@@ -52,6 +53,7 @@ def capture(
     token_ids: Sequence[Sequence[int]] | Sequence[int] | None = None,
     generate: int = 0,
     attention: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Trace:
     """Run the model once on a batch (or `generate` new tokens) and return the routing it used.
 
@@ -62,6 +64,9 @@ def capture(
     With `attention=True` (one forward, decoder-only models), the post-RoPE queries and keys each attention
     function received are kept too, and `trace.attention` computes exact maps and per-head summaries from
     them on demand (see `moeviz.attention`). The model keeps its own (sdpa) attention path.
+
+    `progress(done, total)` is called as each MoE layer's router runs: total = MoE layers × forwards (one,
+    or `generate`: the last new token is never fed back; a run that stops at end-of-sequence ends early).
     """
     batch = token_batch(loaded, texts, token_ids)
     _check_lengths(loaded, batch, generate)
@@ -72,6 +77,9 @@ def capture(
         raise InputError("attention capture covers one forward of a decoder-only model: use generate=0")
     with ExitStack() as stack:
         recorder = stack.enter_context(recording(model, loaded.sites))
+        if progress is not None:
+            total, done = len(loaded.sites) * max(1, generate), itertools.count(1)
+            recorder.on_router = lambda _site: progress(next(done), total)
         attn_recorder = stack.enter_context(recording_attention(model)) if attention else None
         stack.enter_context(torch.inference_mode())
         streams = _run(loaded, batch, generate)
