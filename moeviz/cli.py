@@ -17,8 +17,9 @@ EXIT_BAD_INPUT = 2
 EXIT_VERDICT = 3  # `report --fail-on`: the routing verdict reached the given level
 APP_SCRIPT = Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py"
 # Streamlit runs a full gc.collect(2) after every script run; with torch and transformers loaded that adds
-# 0.2-0.4 s to every click. Python's generational collector still runs on its own.
-APP_FLAGS = ("--runner.postScriptGC", "false")
+# 0.2-0.4 s to every click (Python's generational collector still runs on its own). Uploads are prompt
+# files: 1 MB is far beyond any context (the app checks the size again).
+APP_FLAGS = ("--runner.postScriptGC", "false", "--server.maxUploadSize", "1")
 
 
 def _add_model_and_input(command: argparse.ArgumentParser, corpus: bool = False) -> None:

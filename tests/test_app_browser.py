@@ -195,6 +195,37 @@ def test_routing_page_analyses_a_new_prompt(app_url: str, browser: Browser, load
         page.close()
 
 
+def test_prompt_from_an_uploaded_file(app_url: str, browser: Browser, loaded, tmp_path) -> None:
+    """A text file replaces the prompt (long inputs: pasting them stalls the tab); a file that is not
+    UTF-8 gets a message and changes nothing."""
+    page = browser.new_page(viewport=VIEWPORT)
+    try:
+        page.goto(app_url, wait_until="domcontentloaded")
+        prompt = page.locator(".st-key-routing_prompt textarea")
+        prompt.wait_for(timeout=RENDER_TIMEOUT_S * 1000)
+        text = "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n"
+        (tmp_path / "prompt.py").write_text(text, encoding="utf-8")
+        page.get_by_text("Or a text file").click()
+        page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(tmp_path / "prompt.py")
+        page.get_by_text("prompt.py").wait_for(timeout=RENDER_TIMEOUT_S * 1000)
+        page.get_by_role("button", name="Analyse").click()
+        assert_heatmap_shows(page, expected_cells(loaded, text, 0), "layer 0 of the uploaded file")
+        assert prompt.input_value() == text
+
+        (tmp_path / "latin1.txt").write_bytes("caf\xe9 cr\xe8me".encode("latin-1"))
+        if not page.locator('[data-testid="stFileUploaderDropzoneInput"]').is_visible():
+            page.get_by_text("Or a text file").click()
+        page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(tmp_path / "latin1.txt")
+        page.get_by_text("latin1.txt").wait_for(timeout=RENDER_TIMEOUT_S * 1000)
+        page.get_by_role("button", name="Analyse").click()
+        error = page.locator('[data-testid="stAlertContentError"]')
+        error.wait_for(timeout=RENDER_TIMEOUT_S * 1000)
+        assert "latin1.txt is not UTF-8" in error.inner_text()
+        assert prompt.input_value() == text  # the prompt on show is still the previous file's
+    finally:
+        page.close()
+
+
 PAGES = {  # navigation title -> (screenshot name, key of the container of the page's key chart)
     "Load & collapse": ("load", "load_heatmap"),
     "Structure": ("structure", "coactivation"),

@@ -133,3 +133,16 @@ def test_token_drilldown_shows_its_attention_row() -> None:
     row = trace.attention.row(0, 0, seq, pos)
     assert [v["key_pos"] for v in values] == list(range(pos + 1))
     assert all(abs(v["weight"] - row[v["key_pos"]]) < 1e-9 for v in values)
+
+
+def test_prompt_files_are_checked() -> None:
+    import state
+
+    limit = state.PROMPT_FILE_LIMIT
+    assert state.prompt_from_file("ok.txt", "héllo".encode()) == "héllo"
+    with pytest.raises(ValueError, match=f"big.txt has {limit + 1:,} bytes; .* at most {limit:,}"):
+        state.prompt_from_file("big.txt", b"a" * (limit + 1))
+    with pytest.raises(ValueError, match="not UTF-8 text \\(byte 3\\)"):
+        state.prompt_from_file("l1.txt", "caf\xe9".encode("latin-1"))
+    with pytest.raises(ValueError, match="empty"):
+        state.prompt_from_file("blank.txt", b" \n")

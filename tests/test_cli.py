@@ -78,7 +78,7 @@ def test_text_file_input(tmp_path):
         (["--model", MODEL, "--text-file", "/no/such.txt"], "does not exist"),
         (["--model", MODEL, "--token-ids", "1,99999"], "out of range"),
         (["--model", MODEL, "--text", "hi", "--generate", "-1"], "--generate must be >= 0"),
-        (["--model", MODEL, "--text", "x " * 5000], "exceeds the model's context length"),
+        (["--model", MODEL, "--text", "x " * 40000], "exceeds the model's context length"),
     ],
 )
 def test_bad_input_exits_nonzero_and_writes_nothing(tmp_path, args, message):

@@ -89,7 +89,8 @@ def heatmap_and_token(site: str, layer: int) -> None:
 
 def token_detail(layer: int, clicked: tuple[int, int] | None) -> None:
     st.subheader("One token in detail", anchor="token")
-    seq, pos = state.pick_token(token_options(trace.tokens), clicked)
+    # The tokens of the window on show (a long input's picker would ship every token to the browser).
+    seq, pos = state.pick_token(token_options(trace.tokens.iloc[lo : lo + MAX_TOKENS]), clicked)
     mine = frames.scores[(frames.scores["seq"] == seq) & (frames.scores["pos"] == pos)]
     mine_conf = frames.confidence[(frames.confidence["seq"] == seq) & (frames.confidence["pos"] == pos)]
     st.page_link("pages/why.py", label="Why this expert? Attribution and what-if for this token", icon="❓")
