@@ -58,11 +58,14 @@ _HEARTBEAT_JS = """() => {
 }"""
 
 
-# Large heatmaps are drawn on a canvas (no DOM marks), so "rendered" = the canvas shows other pixels than
-# before the action (and nothing is stale); `__mark()` records the pixels before the action.
-_CANVAS = "document.querySelector('.st-key-heatmap canvas')"
-_MARK_JS = f"() => {{ const c = {_CANVAS}; window.__before = c ? c.toDataURL() : ''; }}"
-HEATMAP_CHANGED = f"({_CANVAS} !== null && {_CANVAS}.toDataURL() !== window.__before)"
+# Vega draws the heatmap on a canvas or as SVG: "rendered" = the heatmap's pixels (canvas) or marks (SVG)
+# differ from those before the action (and nothing is stale); `__mark()` records them before the action.
+_HEATMAP_SIG = (
+    "(() => { const c = document.querySelector('.st-key-heatmap canvas'); if (c) return c.toDataURL();"
+    " const s = document.querySelector('.st-key-heatmap svg.marks'); return s ? s.innerHTML : ''; })()"
+)
+_MARK_JS = f"() => {{ window.__before = {_HEATMAP_SIG}; }}"
+HEATMAP_CHANGED = f"({_HEATMAP_SIG} !== '' && {_HEATMAP_SIG} !== window.__before)"
 
 
 def caption_says(num_tokens: int) -> str:
@@ -134,7 +137,7 @@ def upload(page: Page, text: str, folder: str):
 def click_tokens(page: Page, where=(0.2, 0.45, 0.7)) -> list[float]:
     """Click heatmap cells (fractions of its width): each selects its token; seconds until the drill-down
     shows it."""
-    canvas = page.locator(".st-key-heatmap canvas")
+    canvas = page.locator(".st-key-heatmap canvas, .st-key-heatmap svg.marks")
     canvas.scroll_into_view_if_needed()
     box = canvas.bounding_box()
     clicks = []

@@ -18,7 +18,7 @@ from moeviz.charts import (
     token_window,
 )
 
-MAX_TOKENS = 400  # tokens per heatmap window
+MAX_TOKENS = 200  # tokens per heatmap window
 MAX_KEYS = 200  # keys shown of a token's attention row
 
 st.title("Routing")
@@ -49,7 +49,10 @@ def layer_views() -> None:
     st.caption(f"Layer {layer}: {int(summary['experts'])} experts, top-{int(summary['top_k'])}")
     if num_tokens > MAX_TOKENS:
         state.show_chart(
-            binned_dispatch_heatmap(scores, title=f"Dispatch over the whole input, layer {layer}"), "binned"
+            binned_dispatch_heatmap(
+                scores, max_bins=100, title=f"Dispatch over the whole input, layer {layer}"
+            ),
+            "binned",
         )
     layer_rows = frames.routing[(frames.routing["layer"] == layer) & (frames.routing["site"] == site)]
     state.show_chart(

@@ -87,7 +87,7 @@ def head_metric_heatmap(
         alt.Tooltip("kind:N"),
         alt.Tooltip("reason:N"),
     ]
-    base = alt.Chart(data).encode(
+    base = alt.Chart().encode(
         x=alt.X("head:O", axis=alt.Axis(title="head", labelAngle=0)),
         y=alt.Y("layer:O", axis=alt.Axis(title="layer")),
         tooltip=tooltip,
@@ -104,7 +104,7 @@ def head_metric_heatmap(
             alt.selection_point(name=HEAD_SELECTION, fields=["layer", "head"], on="click", clear="dblclick")
         )
     text = base.mark_text(fontSize=10, color="black", opacity=0.7).encode(text="mark:N")
-    return alt.layer(cells, text).properties(
+    return alt.layer(cells, text, data=data).properties(
         title=alt.Title(title or label, subtitle="S sink · L local · G global · grey: no map"),
         height=min(max(24 * num_layers, 96), 640),
         autosize=_FIT_WIDTH,
@@ -248,7 +248,7 @@ def kv_whatif_heatmap(whatif: pd.DataFrame, *, title: str | None = None) -> alt.
     )
     data = data.assign(text=[f"{v:.0%}" for v in data["mean_lost"]])
     num_layers = int(data["layer"].nunique()) if len(data) else 1
-    base = alt.Chart(data).encode(
+    base = alt.Chart().encode(
         x=alt.X("head:O", axis=alt.Axis(title="head", labelAngle=0)),
         y=alt.Y("layer:O", axis=alt.Axis(title="layer")),
         tooltip=[
@@ -265,7 +265,7 @@ def kv_whatif_heatmap(whatif: pd.DataFrame, *, title: str | None = None) -> alt.
         )
     )
     text = base.mark_text(fontSize=10, color="black").encode(text="text:N")
-    return alt.layer(cells, text).properties(
+    return alt.layer(cells, text, data=data).properties(
         title=alt.Title(title or "Attention mass lost", subtitle="mean over tokens; hover for p95 and max"),
         height=min(max(24 * num_layers, 96), 640),
         autosize=_FIT_WIDTH,
