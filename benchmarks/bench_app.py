@@ -76,8 +76,13 @@ def caption_says(num_tokens: int) -> str:
     )
 
 
+SETTLE_MS = 500  # a pause before each action, as a person takes: charts still drawing finish first
+
+
 def timed(page: Page, action, check: str) -> float:
-    """Seconds from `action()` to the first frame in which `check` holds (browser clock)."""
+    """Seconds from `action()` to the first frame in which `check` holds (browser clock); the page gets
+    SETTLE_MS to finish what the previous action started."""
+    page.wait_for_timeout(SETTLE_MS)
     page.evaluate(_MARK_JS)
     start = page.evaluate("() => performance.now()")
     action()

@@ -47,29 +47,33 @@ def layer_views() -> None:
     scores = frames.scores[(frames.scores["layer"] == layer) & (frames.scores["site"] == site)]
     summary = frames.summary.loc[(site, layer)]
     st.caption(f"Layer {layer}: {int(summary['experts'])} experts, top-{int(summary['top_k'])}")
-    if num_tokens > MAX_TOKENS:
-        state.show_chart(
-            binned_dispatch_heatmap(
-                scores, max_bins=100, title=f"Dispatch over the whole input, layer {layer}"
-            ),
-            "binned",
-        )
-    layer_rows = frames.routing[(frames.routing["layer"] == layer) & (frames.routing["site"] == site)]
-    state.show_chart(
-        token_strip_chart(
-            layer_rows,
-            num_experts=routing.num_experts,
-            max_tokens=MAX_TOKENS,
-            start=lo,
-            title=f"Tokens by top-1 expert, layer {layer}",
-        ),
-        "strip",
-    )
-    st.caption(
-        "Each token is coloured by the expert with the largest combination weight at this layer; "
-        "hover for it."
-    )
+    # Overview and strip sit above the heatmap but are drawn after it: the heatmap, what a layer switch is
+    # for, reaches the browser first.
+    above = st.container()
     heatmap_and_token(site, layer)
+    with above:
+        if num_tokens > MAX_TOKENS:
+            state.show_chart(
+                binned_dispatch_heatmap(
+                    scores, max_bins=100, title=f"Dispatch over the whole input, layer {layer}"
+                ),
+                "binned",
+            )
+        layer_rows = frames.routing[(frames.routing["layer"] == layer) & (frames.routing["site"] == site)]
+        state.show_chart(
+            token_strip_chart(
+                layer_rows,
+                num_experts=routing.num_experts,
+                max_tokens=MAX_TOKENS,
+                start=lo,
+                title=f"Tokens by top-1 expert, layer {layer}",
+            ),
+            "strip",
+        )
+        st.caption(
+            "Each token is coloured by the expert with the largest combination weight at this layer; "
+            "hover for it."
+        )
     load_view(site, layer, routing.num_experts)
 
 
@@ -94,26 +98,21 @@ def token_detail(layer: int, clicked: tuple[int, int] | None) -> None:
     st.subheader("One token in detail", anchor="token")
     # The tokens of the window on show (a long input's picker would ship every token to the browser).
     seq, pos = state.pick_token(token_options(trace.tokens.iloc[lo : lo + MAX_TOKENS]), clicked)
-    mine = frames.scores[(frames.scores["seq"] == seq) & (frames.scores["pos"] == pos)]
-    mine_conf = frames.confidence[(frames.confidence["seq"] == seq) & (frames.confidence["pos"] == pos)]
+    mine_conf, scores_chart, path_chart, margin_chart = token_charts(seq, pos, st.session_state["token"])
     st.page_link("pages/why.py", label="Why this expert? Attribution and what-if for this token", icon="❓")
     with st.container(key="drilldown"):
         c1, c2, c3 = st.columns(3)
         with c1:
-            state.show_chart(
-                token_layer_scores_chart(mine, title=f"Scores of {st.session_state['token']!r}"),
-                "token_scores",
-            )
+            state.show_chart(scores_chart, "token_scores")
             st.caption("Router scores of this token at every MoE layer; ● = dispatched.")
         with c2:
-            path = frames.routing[(frames.routing["seq"] == seq) & (frames.routing["pos"] == pos)]
-            state.show_chart(token_path_chart(path), "token_path")
+            state.show_chart(path_chart, "token_path")
             st.caption(
                 "Its experts layer by layer; dot size = combination weight, dashed line joins the top-1 "
                 "experts."
             )
         with c3:
-            state.show_chart(token_margin_chart(mine_conf), "token_margin")
+            state.show_chart(margin_chart, "token_margin")
             st.caption(
                 "Top-k margin m = (min_{e∈S} p − max_{e∉S} p) / min_{e∈S} p: how far the weakest chosen "
                 "expert beat the best rejected one (0 = a tie decided it)."
@@ -121,6 +120,19 @@ def token_detail(layer: int, clicked: tuple[int, int] | None) -> None:
         st.dataframe(mine_conf, hide_index=True)
         state.table_downloads(mine_conf, "token_confidence")
         attention_row(layer, seq, pos)
+
+
+def token_charts(seq: int, pos: int, label: str):
+    """The token's confidence rows and its three drill-down charts (scores, path, margin)."""
+    mine = frames.scores[(frames.scores["seq"] == seq) & (frames.scores["pos"] == pos)]
+    mine_conf = frames.confidence[(frames.confidence["seq"] == seq) & (frames.confidence["pos"] == pos)]
+    path = frames.routing[(frames.routing["seq"] == seq) & (frames.routing["pos"] == pos)]
+    return (
+        mine_conf,
+        token_layer_scores_chart(mine, title=f"Scores of {label!r}"),
+        token_path_chart(path),
+        token_margin_chart(mine_conf),
+    )
 
 
 def attention_row(layer: int, seq: int, pos: int) -> None:
