@@ -34,3 +34,18 @@ def sample_model():
     import moeviz
 
     return moeviz.load_model("sample:mixtral-healthy")
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """A small corpus folder for the store tests: two domains, three documents each (1,500 characters of
+    the sample evaluation slices), a few batches of ≤ 4 × 96 tokens."""
+    from moeviz.samples import eval_dir
+
+    root = tmp_path_factory.mktemp("corpus")
+    for domain in ("python", "bible_en"):
+        text = (eval_dir() / f"{domain}.txt").read_text(encoding="utf-8")
+        (root / domain).mkdir()
+        for i in range(3):
+            (root / domain / f"doc{i}.txt").write_text(text[i * 1500 : (i + 1) * 1500], encoding="utf-8")
+    return root

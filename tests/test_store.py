@@ -19,7 +19,6 @@ from moeviz.analysis import (
     vocabulary_token_frame,
 )
 from moeviz.analysis.losses import z_loss
-from moeviz.samples import eval_dir
 from moeviz.store import StoreError, StoreQuery, TraceSettings, iter_batches, trace_corpus, validate_store
 from moeviz.store.checkpoints import checkpoint_timeline, render_timeline
 from moeviz.store.writer import write_trace
@@ -27,18 +26,6 @@ from moeviz.trace import LayerRouting, ModelInfo, Trace
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 SETTINGS = TraceSettings(batch_size=4, chunk_tokens=96, max_batches=None)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """Two domains, a few documents each (folder layout), small enough to route in a second."""
-    root = tmp_path_factory.mktemp("corpus")
-    for domain in ("python", "bible_en"):
-        text = (eval_dir() / f"{domain}.txt").read_text(encoding="utf-8")
-        (root / domain).mkdir()
-        for i in range(3):
-            (root / domain / f"doc{i}.txt").write_text(text[i * 1500 : (i + 1) * 1500], encoding="utf-8")
-    return root
 
 
 @pytest.fixture(scope="module")

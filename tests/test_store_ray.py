@@ -53,18 +53,6 @@ def cluster():
     ray.shutdown()
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """Two domains, three documents each: 10 batches of ≤ 4 × 96 tokens."""
-    root = tmp_path_factory.mktemp("corpus")
-    for domain in ("python", "bible_en"):
-        text = (eval_dir() / f"{domain}.txt").read_text(encoding="utf-8")
-        (root / domain).mkdir()
-        for i in range(3):
-            (root / domain / f"doc{i}.txt").write_text(text[i * 1500 : (i + 1) * 1500], encoding="utf-8")
-    return root
-
-
 @contextmanager
 def one_thread() -> Iterator[None]:
     """Trace in this process with one torch thread, as each worker does: BLAS sums in another order with
