@@ -44,7 +44,7 @@ def layer_views() -> None:
     """The chosen MoE layer: binned overview, token strip, score heatmap with its drill-down, expert load."""
     site, layer = state.pick_layer(trace)
     routing = trace.layer(layer, site)
-    scores = frames.scores[(frames.scores["layer"] == layer) & (frames.scores["site"] == site)]
+    scores = frames.layer_scores(site, layer)
     summary = frames.summary.loc[(site, layer)]
     st.caption(f"Layer {layer}: {int(summary['experts'])} experts, top-{int(summary['top_k'])}")
     # Overview and strip sit above the heatmap but are drawn after it: the heatmap, what a layer switch is
@@ -54,19 +54,25 @@ def layer_views() -> None:
     with above:
         if num_tokens > MAX_TOKENS:
             state.show_chart(
-                binned_dispatch_heatmap(
-                    scores, max_bins=100, title=f"Dispatch over the whole input, layer {layer}"
+                state.many_marks(
+                    binned_dispatch_heatmap(
+                        scores, max_bins=100, title=f"Dispatch over the whole input, layer {layer}"
+                    ),
+                    100 * routing.num_experts,
                 ),
                 "binned",
             )
-        layer_rows = frames.routing[(frames.routing["layer"] == layer) & (frames.routing["site"] == site)]
+        layer_rows = frames.layer_routing(site, layer)
         state.show_chart(
-            token_strip_chart(
-                layer_rows,
-                num_experts=routing.num_experts,
-                max_tokens=MAX_TOKENS,
-                start=lo,
-                title=f"Tokens by top-1 expert, layer {layer}",
+            state.many_marks(
+                token_strip_chart(
+                    layer_rows,
+                    num_experts=routing.num_experts,
+                    max_tokens=MAX_TOKENS,
+                    start=lo,
+                    title=f"Tokens by top-1 expert, layer {layer}",
+                ),
+                2 * min(num_tokens, MAX_TOKENS),
             ),
             "strip",
         )
@@ -80,9 +86,14 @@ def layer_views() -> None:
 @st.fragment
 def heatmap_and_token(site: str, layer: int) -> None:
     """The layer's score heatmap and the token clicked in it (a click reruns only this)."""
-    scores = frames.scores[(frames.scores["layer"] == layer) & (frames.scores["site"] == site)]
+    scores = frames.layer_scores(site, layer)
     event = state.show_chart(
-        router_score_heatmap(scores, max_tokens=MAX_TOKENS, start=lo, title=f"Router scores, layer {layer}"),
+        state.many_marks(
+            router_score_heatmap(
+                scores, max_tokens=MAX_TOKENS, start=lo, title=f"Router scores, layer {layer}"
+            ),
+            min(num_tokens, MAX_TOKENS) * trace.layer(layer, site).num_experts,
+        ),
         "heatmap",
         select=True,
     )
