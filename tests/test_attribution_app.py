@@ -39,3 +39,20 @@ def test_why_page_explains_and_runs_what_if(model):
     assert any("log p(" in m.label for m in at.metric)
     at.button(key="why_importance_run").click().run()  # importance
     _ok(at)
+
+
+def test_why_page_declines_prompts_over_its_limit():
+    import moeviz
+
+    loaded = moeviz.load_model("sample:mixtral-healthy")
+    ids = list(range(3, 203)) * 11  # 2,200 tokens
+    text = loaded.tokenizer.decode(ids)
+    n = len(moeviz.capture(loaded, text).tokens)
+    at = AppTest.from_file(str(APP), default_timeout=90)
+    at.session_state["model"] = "sample:mixtral-healthy"
+    at.session_state["prompt"] = text
+    at.switch_page("pages/why.py").run()
+    _ok(at)
+    assert n > 2048
+    assert any(f"has {n:,}" in i.value for i in at.info)
+    assert [b.key for b in at.button if b.key.startswith("why_")] == []  # nothing to run

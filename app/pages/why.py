@@ -9,12 +9,22 @@ from moeviz.charts.attribution import attribution_strip_chart, importance_chart
 from moeviz.charts.tables import token_options
 from moeviz.interventions import DisableExpert, ForceExpert, NextBest, counterfactual, expert_importance
 
+MAX_TOKENS = 2048  # longer prompts: minutes of attribution that would hold the server
+
 st.title("Why this expert?")
 source = state.model_picker()
 prompt = state.prompt_form()
 trace = state.load_or_stop(source, prompt)
 loaded = state.get_model(source)
 tokens = trace.tokens[trace.tokens["seq"] == 0]
+if len(tokens) > MAX_TOKENS:
+    st.info(
+        f"This page explains prompts of up to {MAX_TOKENS:,} tokens; this one has {len(tokens):,}. "
+        "Attribution runs dozens of forward and backward passes over the whole prompt (feature ablation "
+        "one per token), and the expert sweep one forward per expert: shorten the prompt to use it.",
+        icon="ℹ",
+    )
+    st.stop()
 options = token_options(tokens)  # the Routing page's labels: a token picked there stays picked here
 # Explaining the first token explains nothing (it sees only itself): default to the last one.
 st.session_state.setdefault("token", list(options)[-1])
