@@ -431,21 +431,21 @@ def _export(chart: alt.TopLevelMixin, fmt: str) -> bytes:
     return vl_convert.vegalite_to_png(spec, scale=2)
 
 
-CANVAS_ABOVE = 400  # marks; Streamlit itself switches to canvas only above 2,000 marks per dataset row
+CANVAS_ABOVE = 400  # marks; Streamlit itself switches to a canvas only above 2,000 data rows
 
 
 def many_marks(chart: alt.TopLevelMixin, marks: int) -> alt.TopLevelMixin:
-    """Have Vega draw a view of more than CANVAS_ABOVE marks on a canvas instead of as SVG: several times
-    less work in the browser, where a layer switch redraws these views (0.42–0.56 s → 0.36–0.50 s). Small
-    views stay SVG, their marks readable in the page."""
+    """Have Vega draw a view of more than CANVAS_ABOVE marks on a canvas instead of as SVG: much less work
+    in the browser, which redraws these views on every layer switch. Small views stay SVG, their marks
+    readable in the page (the browser tests read them)."""
     if marks <= CANVAS_ABOVE:
         return chart
     return chart.properties(usermeta={"embedOptions": {"renderer": "canvas"}})
 
 
 def _skip_validation(chart: alt.TopLevelMixin) -> None:
-    """Make Streamlit's `chart.to_dict()` skip the JSON-schema check: it took ~60% of a page rerun (~15 ms a
-    chart), and every chart function's spec is already validated by the chart tests."""
+    """Make Streamlit's `chart.to_dict()` skip the JSON-schema check: about a quarter of a page rerun
+    (~15 ms a chart), and every chart function's spec is already validated by the chart tests."""
     # altair keeps attribute writes in the spec (`SchemaBase.__setattr__`): set the instance attribute.
     object.__setattr__(chart, "to_dict", functools.partial(type(chart).to_dict, chart, validate=False))
 
