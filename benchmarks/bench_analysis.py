@@ -57,14 +57,15 @@ def synthetic_trace(
         weights = np.take_along_axis(logits, top, axis=1)
         weights = np.exp(weights - weights.max(axis=1, keepdims=True))
         weights /= weights.sum(axis=1, keepdims=True)
+        scores = scores_from_logits(logits, "softmax")  # the Trace contract: scores = softmax(logits)
         routings.append(
             LayerRouting(
                 layer=layer,
                 site="mlp",
                 token_rows=np.arange(n),
                 logits=logits,
-                scores=scores_from_logits(logits, "softmax"),  # the Trace contract: scores = softmax(logits)
-                selection_scores=scores_from_logits(logits, "softmax"),
+                scores=scores,
+                selection_scores=selection_scores(scores, None),
                 experts=top,
                 weights=weights,
                 score_fn="softmax",

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from moeviz.analysis.load import BalanceStats, balance_stats
-from moeviz.analysis.losses import BiasStats, bias_stats, z_loss
+from moeviz.analysis.losses import BIAS_ABS_FLAG, BIAS_STD_FLAG, BiasStats, bias_stats, z_loss
 from moeviz.trace import LayerRouting, Trace
 
 
@@ -79,8 +79,8 @@ class CollapseThresholds:
     collapsed_dead_fraction: float = 0.5
     warning_load_entropy: float = 0.85
     collapsed_load_entropy: float = 0.6
-    warning_bias_std: float = 1.0
-    warning_bias_abs: float = 5.0
+    warning_bias_std: float = BIAS_STD_FLAG
+    warning_bias_abs: float = BIAS_ABS_FLAG
     warning_z_loss: float = 100.0
     min_slots_per_expert: float = 5.0
     note_dropped_fraction: float = 0.1

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from moeviz.analysis.structure import dispatch_mask, row_index
+from moeviz.analysis.structure import dispatch_mask, shared_rows
 from moeviz.trace import LayerRouting, Trace
 
 
@@ -69,9 +69,8 @@ def _aligned(
     x: LayerRouting, y: LayerRouting, mapping: np.ndarray, num_rows_b: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """(experts of x [M, k_x], experts of y [M, k_y]) for the M tokens both layers routed."""
-    idx = row_index(y.token_rows, num_rows_b)[mapping[x.token_rows]]
-    keep = np.nonzero(idx >= 0)[0]
-    return x.experts[keep], y.experts[idx[keep]]
+    ia, ib = shared_rows(mapping[x.token_rows], y.token_rows, num_rows_b)
+    return x.experts[ia], y.experts[ib]
 
 
 def routing_agreement_frame(a: Trace, b: Trace) -> pd.DataFrame:

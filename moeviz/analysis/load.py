@@ -39,17 +39,23 @@ def expert_counts(routing: LayerRouting) -> np.ndarray:
     return np.bincount(experts, minlength=routing.num_experts).astype(np.int64)
 
 
+def load_entropy_nats(counts: np.ndarray) -> float:
+    """H(c / Σc) in nats of loads [E] (0 log 0 = 0); 0 when Σc = 0."""
+    c = np.asarray(counts)
+    total = c.sum()
+    p = c[c > 0] / total
+    return float(-(p * np.log(p)).sum())
+
+
 def load_stats(routing: LayerRouting) -> LoadStats:
     counts = expert_counts(routing)
     total = counts.sum()
-    shares = counts / total if total else np.zeros(len(counts))
-    nonzero = shares[shares > 0]
-    entropy = float(-(nonzero * np.log(nonzero)).sum())
+    entropy = load_entropy_nats(counts)
     return LoadStats(
         tokens=len(routing.token_rows),
         counts=counts,
         load_entropy=entropy / np.log(len(counts)) if len(counts) > 1 else 1.0,
-        max_share=float(shares.max()) if total else 0.0,
+        max_share=float(counts.max() / total) if total else 0.0,
         dead_experts=int((counts == 0).sum()),
         dropped=int((routing.experts < 0).sum()),
     )
@@ -208,8 +214,7 @@ def balance_from_counts(
     if total > 0:
         cf = c.astype(np.float64)
         mean = total / e
-        p = cf[cf > 0] / total
-        entropy = max(0.0, float(-(p * np.log(p)).sum()))  # max: no "-0.00" for a single expert
+        entropy = max(0.0, load_entropy_nats(c))  # max: no "-0.00" for a single expert
         max_vio = float(cf.max() / mean - 1.0)
         cv = float(cf.std() / mean)
         load_entropy = min(1.0, entropy / np.log(e)) if e > 1 else 1.0  # min: rounding above 1
@@ -275,40 +280,40 @@ BALANCE_COLUMNS = [
 ]
 
 
+def balance_record(layer: int, site: str, s: BalanceStats) -> dict[str, object]:
+    """One row of `balance_frame` (keys BALANCE_COLUMNS) from precomputed stats of a layer."""
+    empty = not np.isfinite(s.utilisation).any()
+    return {
+        "layer": layer,
+        "site": site,
+        "tokens": s.tokens,
+        "experts": s.num_experts,
+        "top_k": s.top_k,
+        "dropped": s.dropped,
+        "dropped_fraction": s.dropped_fraction,
+        "max_vio": s.max_vio,
+        "cv": s.cv,
+        "gini": s.gini,
+        "jain": s.jain,
+        "load_entropy": s.load_entropy,
+        "effective_experts": s.effective_experts,
+        "max_share": s.max_share,
+        "dead_experts": s.dead_experts,
+        "dead_fraction": s.dead_fraction,
+        "min_utilisation": float("nan") if empty else float(s.utilisation.min()),
+        "max_utilisation": float("nan") if empty else float(s.utilisation.max()),
+        "devices": s.devices,
+        "ep_balancedness": s.ep_balancedness,
+    }
+
+
 def balance_frame(trace: Trace, devices: int | None = None) -> pd.DataFrame:
     """One row per MoE layer (site, layer) with every balance indicator; columns BALANCE_COLUMNS.
 
     `devices` = D adds expert-parallel balancedness (experts placed contiguously, E/D per device); a layer
     whose E is not a multiple of D raises ValueError. See BalanceStats for the degenerate cases (NaN).
     """
-    rows = []
-    for routing in trace.layers:
-        s = balance_stats(routing, devices)
-        empty = not np.isfinite(s.utilisation).any()
-        rows.append(
-            {
-                "layer": routing.layer,
-                "site": routing.site,
-                "tokens": s.tokens,
-                "experts": s.num_experts,
-                "top_k": s.top_k,
-                "dropped": s.dropped,
-                "dropped_fraction": s.dropped_fraction,
-                "max_vio": s.max_vio,
-                "cv": s.cv,
-                "gini": s.gini,
-                "jain": s.jain,
-                "load_entropy": s.load_entropy,
-                "effective_experts": s.effective_experts,
-                "max_share": s.max_share,
-                "dead_experts": s.dead_experts,
-                "dead_fraction": s.dead_fraction,
-                "min_utilisation": float("nan") if empty else float(s.utilisation.min()),
-                "max_utilisation": float("nan") if empty else float(s.utilisation.max()),
-                "devices": devices,
-                "ep_balancedness": s.ep_balancedness,
-            }
-        )
+    rows = [balance_record(r.layer, r.site, balance_stats(r, devices)) for r in trace.layers]
     return pd.DataFrame(rows, columns=BALANCE_COLUMNS)
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from moeviz.analysis.structure import next_token_rows
+from moeviz.analysis.structure import conditional, next_token_rows
 from moeviz.trace import LayerRouting, Trace
 
 
@@ -98,6 +98,11 @@ def null_columns(observed: np.ndarray, null: np.ndarray | None, sigmas: float = 
     return {**columns, "within_noise": within}
 
 
+def _pair_counts(codes: np.ndarray, experts: np.ndarray, num_codes: int, e: int) -> np.ndarray:
+    """[num_codes, E] occurrences of each (code, expert) pair in paired samples codes [M], experts [M]."""
+    return np.bincount(codes * e + experts, minlength=num_codes * e).reshape(num_codes, e)
+
+
 def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
@@ -156,18 +161,20 @@ def expert_domain_specialisation(
         ex = routing.experts[rows, slots]
         sizes = np.bincount(d, minlength=num_domains).astype(np.float64)
 
-        def shares(labels: np.ndarray, rows=rows, ex=ex, e=e, sizes=sizes) -> np.ndarray:
-            """[D, E] DS for domain labels [N] of the layer's tokens."""
-            counts = np.bincount(labels[rows] * e + ex, minlength=num_domains * e).reshape(num_domains, e)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                return counts / sizes[:, None]
+        def dispatched_to(labels: np.ndarray, rows=rows, ex=ex, e=e) -> np.ndarray:
+            """[D, E] #{t ∈ D : e ∈ S_t} for domain labels [N] of the layer's tokens."""
+            return _pair_counts(labels[rows], ex, num_domains, e)
 
-        ds = shares(d)
+        dispatched = dispatched_to(d)
+        ds = conditional(dispatched, sizes)
         # Permuting labels over tokens = permuting routing rows over tokens (same joint distribution).
-        null = np.stack([shares(d[rng.permutation(len(d))]) for _ in range(shuffles)]) if shuffles else None
+        null = (
+            np.stack([conditional(dispatched_to(d[rng.permutation(len(d))]), sizes) for _ in range(shuffles)])
+            if shuffles
+            else None
+        )
         baseline = k / e
         per_expert = null_columns(ds, null, sigmas)
-        dispatched = np.bincount(d[rows] * e + ex, minlength=num_domains * e)
         expert_parts.append(
             pd.DataFrame(
                 {
@@ -176,7 +183,7 @@ def expert_domain_specialisation(
                     "domain": np.repeat(names, e),
                     "expert": np.tile(np.arange(e), num_domains),
                     "tokens": np.repeat(sizes, e).astype(np.int64),
-                    "dispatched": dispatched.astype(np.int64),
+                    "dispatched": dispatched.reshape(-1).astype(np.int64),
                     "ds": ds.reshape(-1),
                     "baseline": baseline,
                     "lift": ds.reshape(-1) / baseline,
@@ -253,11 +260,10 @@ def _vocab_layer(routing: LayerRouting, keys: np.ndarray, min_count: int) -> _Vo
     codes = compact[inverse[selected]]
     num = int(qualifies.sum())
     rows = population[selected]
-    top1_counts = np.bincount(codes * e + top1[rows], minlength=num * e).reshape(num, e)
+    top1_counts = _pair_counts(codes, top1[rows], num, e)
     experts = routing.experts[rows]
     ok = experts >= 0
-    slot_codes = np.broadcast_to(codes[:, None], experts.shape)[ok]
-    set_counts = np.bincount(slot_codes * e + experts[ok], minlength=num * e).reshape(num, e)
+    set_counts = _pair_counts(np.broadcast_to(codes[:, None], experts.shape)[ok], experts[ok], num, e)
     return _VocabLayer(
         uniq[qualifies], counts[qualifies], top1_counts, set_counts, codes, population, selected
     )
@@ -265,8 +271,7 @@ def _vocab_layer(routing: LayerRouting, keys: np.ndarray, min_count: int) -> _Vo
 
 def _top_shares(v: _VocabLayer, top1_selected: np.ndarray, e: int) -> np.ndarray:
     """[K] max_e share of each id's occurrences with top-1 e, for top-1 experts of the counted occurrences."""
-    counts = np.bincount(v.codes * e + top1_selected, minlength=len(v.ids) * e).reshape(len(v.ids), e)
-    return counts.max(axis=1) / v.occurrences
+    return _pair_counts(v.codes, top1_selected, len(v.ids), e).max(axis=1) / v.occurrences
 
 
 def vocabulary_specialisation_frame(

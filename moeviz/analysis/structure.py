@@ -22,6 +22,7 @@ from math import comb
 import numpy as np
 import pandas as pd
 
+from moeviz.analysis.load import expert_counts
 from moeviz.trace import LayerRouting, Trace
 
 # Exact load-aware overlap baseline enumerates pairs of distinct dispatched sets: U² work.
@@ -60,6 +61,21 @@ def row_index(token_rows: np.ndarray, num_rows: int) -> np.ndarray:
     inverse = np.full(num_rows, -1, dtype=np.int64)
     inverse[token_rows] = np.arange(len(token_rows))
     return inverse
+
+
+def shared_rows(rows_a: np.ndarray, rows_b: np.ndarray, num_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ia [M], ib [M]): indices into layers a and b of the M tokens both routed, in a's order.
+
+    `rows_a`, `rows_b` are the layers' token rows in the same token table of `num_rows` rows."""
+    idx = row_index(rows_b, num_rows)[rows_a]
+    keep = np.nonzero(idx >= 0)[0]
+    return keep, idx[keep]
+
+
+def conditional(joint: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """joint [R, C] / counts [R] per row, NaN (no warning) for rows with counts 0."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return joint / counts[:, None]
 
 
 def consecutive_pairs(routing: LayerRouting, next_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -193,7 +209,7 @@ def coactivation_counts(routing: LayerRouting, adjacent_only: bool = False) -> t
     count[i] so that CoAct(i, i) = 1 in both variants."""
     e = routing.num_experts
     experts = routing.experts
-    counts = np.bincount(experts[experts >= 0], minlength=e).astype(np.float64)
+    counts = expert_counts(routing).astype(np.float64)
     if not adjacent_only:
         mask = dispatch_mask(experts, e).astype(np.float64)
         return mask.T @ mask, counts
@@ -212,9 +228,7 @@ def coactivation_matrix(routing: LayerRouting, adjacent_only: bool = False) -> n
     """[E, E] CoAct(i, j) = #{t : i, j ∈ S_t} / #{t : i ∈ S_t} (row i conditions on expert i; rows of
     unused experts are NaN). Not symmetric: CoAct(i, j) c_i = CoAct(j, i) c_j. See `coactivation_counts`
     for the rank-adjacent (OLMoE script) variant."""
-    pair, counts = coactivation_counts(routing, adjacent_only)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return pair / counts[:, None]
+    return conditional(*coactivation_counts(routing, adjacent_only))
 
 
 def coactivation_frame(trace: Trace, adjacent_only: bool = False) -> pd.DataFrame:
@@ -224,8 +238,7 @@ def coactivation_frame(trace: Trace, adjacent_only: bool = False) -> pd.DataFram
     for routing in trace.layers:
         e = routing.num_experts
         pair, counts = coactivation_counts(routing, adjacent_only)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            value = pair / counts[:, None]
+        value = conditional(pair, counts)
         parts.append(
             pd.DataFrame(
                 {
@@ -251,16 +264,15 @@ def transition_counts(
 
     Set variant: joint[i, j] = #{t : i ∈ S^src_t, j ∈ S^tgt_t}, source[i] = #{t : i ∈ S^src_t}.
     top1: the same with top-1 experts (tokens without a dispatched expert in either layer are skipped)."""
-    idx = row_index(target.token_rows, num_rows)[source.token_rows]
-    keep = np.nonzero(idx >= 0)[0]
+    keep, idx = shared_rows(source.token_rows, target.token_rows, num_rows)
     es, et = source.num_experts, target.num_experts
     if top1:
-        x, y = source.experts[keep, 0], target.experts[idx[keep], 0]
+        x, y = source.experts[keep, 0], target.experts[idx, 0]
         ok = (x >= 0) & (y >= 0)
         joint = np.bincount(x[ok] * et + y[ok], minlength=es * et).reshape(es, et).astype(np.float64)
         return joint, joint.sum(axis=1)
     ms = dispatch_mask(source.experts[keep], es).astype(np.float64)
-    mt = dispatch_mask(target.experts[idx[keep]], et).astype(np.float64)
+    mt = dispatch_mask(target.experts[idx], et).astype(np.float64)
     return ms.T @ mt, ms.sum(axis=0)
 
 
@@ -273,9 +285,7 @@ def transition_matrix(
     target layer dispatches for those tokens (k_tgt without drops), not to 1. With top1=True,
     P(top-1^tgt = j | top-1^src = i) and rows sum to 1. Rows of unused source experts are NaN.
     `num_rows` = len(trace.tokens)."""
-    joint, counts = transition_counts(source, target, num_rows, top1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return joint / counts[:, None]
+    return conditional(*transition_counts(source, target, num_rows, top1))
 
 
 def transition_frame(trace: Trace, top1: bool = False) -> pd.DataFrame:
@@ -288,8 +298,7 @@ def transition_frame(trace: Trace, top1: bool = False) -> pd.DataFrame:
         for source, target in pairwise(chain):
             joint, counts = transition_counts(source, target, num_rows, top1)
             es, et = joint.shape
-            with np.errstate(invalid="ignore", divide="ignore"):
-                prob = joint / counts[:, None]
+            prob = conditional(joint, counts)
             parts.append(
                 pd.DataFrame(
                     {
@@ -311,7 +320,8 @@ def transition_frame(trace: Trace, top1: bool = False) -> pd.DataFrame:
 def top1_paths(trace: Trace, site: str, layers: Sequence[int] | None = None) -> tuple[list[int], np.ndarray]:
     """(layer ids, paths [N, L]): top-1 expert of each token (routed by all those layers) at each MoE layer
     of `site`, in layer order; -1 where a token had no dispatched expert."""
-    chain = [r for r in _site_chains(trace).get(site, []) if layers is None or r.layer in set(layers)]
+    wanted = None if layers is None else set(layers)
+    chain = [r for r in _site_chains(trace).get(site, []) if wanted is None or r.layer in wanted]
     if not chain:
         raise KeyError(f"no MoE layers for site {site!r}{'' if layers is None else f' among {list(layers)}'}")
     num_rows = len(trace.tokens)
