@@ -7,6 +7,7 @@ concurrent sessions never see each other's routing. No model math here: everythi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import io
@@ -14,7 +15,7 @@ import os
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import altair as alt
@@ -30,7 +31,6 @@ from moeviz.models.loading import DEFAULT_SAMPLE
 from moeviz.samples import DOMAINS, eval_batch
 
 SAMPLE_PREFIX = "sample:"
-FALLBACK_MODEL = DEFAULT_SAMPLE
 LOCAL_FOLDER = "Local folder…"
 EXAMPLE_PROMPT = (
     "The for statement is used to iterate over the elements of a sequence (such as a string, tuple or list)."
@@ -58,18 +58,29 @@ def folder_inside(text: str, variable: str, what: str) -> Path:
     return folder
 
 
-def model_roots() -> list[Path] | None:
-    """Folders local models may be opened from (`MOEVIZ_MODEL_DIRS`); None = any."""
-    return allowed_roots("MOEVIZ_MODEL_DIRS")
+def roots_hint(variable: str) -> str:
+    """A widget help text: where folders may be opened from (`allowed_roots(variable)`)."""
+    roots = allowed_roots(variable)
+    return "Any local folder." if roots is None else "Inside: " + ", ".join(map(str, roots))
+
+
+@contextlib.contextmanager
+def stop_on_error() -> Iterator[None]:
+    """Show a library error raised inside as a message (never a traceback) and stop the page."""
+    try:
+        yield
+    except moeviz.MoevizError as exc:
+        st.error(str(exc))
+        st.stop()
 
 
 def default_model() -> str:
     """`MOEVIZ_DEFAULT_MODEL` if set, else the healthy Mixtral sample."""
-    return os.environ.get("MOEVIZ_DEFAULT_MODEL", "").strip() or FALLBACK_MODEL
+    return os.environ.get("MOEVIZ_DEFAULT_MODEL", "").strip() or DEFAULT_SAMPLE
 
 
 def check_source(source: str) -> str:
-    """Normalise a model source; a folder must resolve (symlinks followed) inside `model_roots()`."""
+    """Normalise a model source; a folder must resolve (symlinks followed) inside `MOEVIZ_MODEL_DIRS`."""
     text = source.strip()
     if text.startswith(SAMPLE_PREFIX):
         return text
@@ -78,9 +89,14 @@ def check_source(source: str) -> str:
     return str(folder_inside(text, "MOEVIZ_MODEL_DIRS", "model"))
 
 
+def sample_sources() -> list[str]:
+    """The model sources of the bundled samples (`sample:<name>`)."""
+    return [f"{SAMPLE_PREFIX}{name}" for name in moeviz.list_samples()]
+
+
 def model_picker() -> str:
     """Sidebar: pick a sample or type a local folder. Returns the checked source; stops the page on error."""
-    samples = [f"{SAMPLE_PREFIX}{name}" for name in moeviz.list_samples()]
+    samples = sample_sources()
     choices = [*samples, LOCAL_FOLDER]
     default = default_model()
     if "model" not in st.session_state:  # the choice kept across page switches
@@ -89,28 +105,20 @@ def model_picker() -> str:
         else:
             st.session_state["model"] = LOCAL_FOLDER
             st.session_state["model_folder_kept"] = default
-    remember("model_choice", "model", choices)
     with st.sidebar:
-        choice = st.selectbox(
-            "Model", choices, key="model_choice", on_change=keep, args=("model_choice", "model")
-        )
+        choice = kept("model", choices, st.selectbox, "Model", choices, widget_key="model_choice")
         source = choice
         if choice == LOCAL_FOLDER:
-            roots = model_roots()
-            hint = "Any local folder." if roots is None else "Inside: " + ", ".join(map(str, roots))
             st.session_state["model_folder"] = st.session_state.get("model_folder_kept", "")
             source = st.text_input(
                 "Model folder",
                 key="model_folder",
-                help=f"A Hugging Face folder. {hint}",
+                help=f"A Hugging Face folder. {roots_hint('MOEVIZ_MODEL_DIRS')}",
                 on_change=keep,
                 args=("model_folder", "model_folder_kept"),
             )
-    try:
+    with stop_on_error():
         return check_source(source or "")
-    except ModelSourceError as exc:
-        st.error(str(exc))
-        st.stop()
 
 
 @st.cache_resource(show_spinner="Loading the model…", max_entries=4)
@@ -224,30 +232,23 @@ def routing_frames(source: str, text: str) -> RoutingFrames:
 
 def get_attention(source: str, text: str) -> AttentionCapture | None:
     """The attention capture of `text` (None for models without one), shared by all sessions."""
-    try:
+    with stop_on_error():
         return _captured(source, text).attention
-    except moeviz.MoevizError as exc:
-        st.error(str(exc))
-        st.stop()
-
-
-def _routing_text(done: int, total: int) -> str:
-    return f"Routing the prompt through the model: MoE layer {done} of {total}…"
 
 
 def load_or_stop(source: str, text: str) -> moeviz.Trace:
     """Load and capture, showing a library error as a message (never a traceback) and stopping the page."""
-    try:
+    with stop_on_error():
         get_model(source)
         bar = st.empty()
-        _captured(
-            source, text, lambda done, total: bar.progress(done / total, text=_routing_text(done, total))
-        )
+
+        def progress(done: int, total: int) -> None:
+            text = f"Routing the prompt through the model: MoE layer {done} of {total}…"
+            bar.progress(done / total, text=text)
+
+        _captured(source, text, progress)
         bar.empty()
         return get_trace(source, text)
-    except moeviz.MoevizError as exc:
-        st.error(str(exc))
-        st.stop()
 
 
 def layer_options(keys: list[tuple[str, int]]) -> dict[str, tuple[str, int]]:
@@ -258,10 +259,10 @@ def layer_options(keys: list[tuple[str, int]]) -> dict[str, tuple[str, int]]:
 
 def remember(widget_key: str, store_key: str, options: list) -> None:
     """Give widget `widget_key` the value kept under `store_key` (or the first option when that value is
-    not offered). Call before the widget, which must pass `on_change=keep, args=(widget_key, store_key)`:
-    widget state does not survive a page switch, the store does."""
-    kept = st.session_state.get(store_key)
-    st.session_state[store_key] = kept if kept in options else options[0]
+    not offered). Call before the widget, which must pass `on_change=keep, args=(widget_key, store_key)`
+    (`kept` does both): widget state does not survive a page switch, the store does."""
+    value = st.session_state.get(store_key)
+    st.session_state[store_key] = value if value in options else options[0]
     st.session_state[widget_key] = st.session_state[store_key]
 
 
@@ -270,9 +271,32 @@ def keep(widget_key: str, store_key: str) -> None:
     st.session_state[store_key] = st.session_state[widget_key]
 
 
-def routing_csv(trace: moeviz.Trace) -> Callable[[], bytes]:
-    """Deferred CSV of the routing table (built only when the download is clicked)."""
-    return lambda: trace.routing_frame().to_csv(index=False).encode()
+def kept(
+    store_key: str, options, widget: Callable, *widget_args, widget_key: str | None = None, **widget_kwargs
+):
+    """Draw `widget(*widget_args, **widget_kwargs)` keyed `widget_key` (default `<store_key>_widget`) with
+    the value kept under `store_key` (see `remember`): a choice that survives page switches. → that value."""
+    widget_key = widget_key or f"{store_key}_widget"
+    remember(widget_key, store_key, options)
+    widget(*widget_args, key=widget_key, on_change=keep, args=(widget_key, store_key), **widget_kwargs)
+    return st.session_state[store_key]
+
+
+def _new_click(clicked, seen_key: str) -> bool:
+    """Whether `clicked` (a chart selection, or None) differs from the one seen on the last run: a chart
+    keeps reporting its selection on every rerun, but only a new click should move a picker."""
+    new = clicked is not None and clicked != st.session_state.get(seen_key)
+    st.session_state[seen_key] = clicked
+    return new
+
+
+def _csv(frame: pd.DataFrame) -> bytes:
+    return frame.to_csv(index=False).encode()
+
+
+def routing_csv(routing: pd.DataFrame) -> Callable[[], bytes]:
+    """Deferred CSV of the routing table (`RoutingFrames.routing`), built only when clicked."""
+    return functools.partial(_csv, routing)
 
 
 def routing_parquet(trace: moeviz.Trace) -> Callable[[], bytes]:
@@ -349,17 +373,13 @@ def prompt_form() -> str:
 def pick_layer(trace: moeviz.Trace, label: str = "MoE layer") -> tuple[str, int]:
     """Layer slider whose choice survives page switches (`st.session_state["layer"]`); → (site, layer)."""
     layers = layer_options(trace.layer_keys)
-    remember("layer_widget", "layer", list(layers))
-    st.select_slider(label, list(layers), key="layer_widget", on_change=keep, args=("layer_widget", "layer"))
-    return layers[st.session_state["layer"]]
+    return layers[kept("layer", list(layers), st.select_slider, label, list(layers))]
 
 
 def pick_expert(num_experts: int, label: str = "Expert") -> int:
     """Expert picker whose choice survives page switches (`st.session_state["expert"]`)."""
     options = list(range(num_experts))
-    remember("expert_widget", "expert", options)
-    st.selectbox(label, options, key="expert_widget", on_change=keep, args=("expert_widget", "expert"))
-    return int(st.session_state["expert"])
+    return int(kept("expert", options, st.selectbox, label, options))
 
 
 def pick_token(options: dict[str, tuple[int, int]], clicked: tuple[int, int] | None) -> tuple[int, int]:
@@ -367,19 +387,9 @@ def pick_token(options: dict[str, tuple[int, int]], clicked: tuple[int, int] | N
     survives page switches (`st.session_state["token"]`)."""
     labels = list(options)
     by_key = {key: label for label, key in options.items()}
-    if clicked is not None and clicked != st.session_state.get("token_clicked") and clicked in by_key:
+    if _new_click(clicked, "token_clicked") and clicked in by_key:
         st.session_state["token"] = by_key[clicked]
-    st.session_state["token_clicked"] = clicked
-    remember("token_widget", "token", labels)
-    st.selectbox(
-        "Token",
-        labels,
-        key="token_widget",
-        help="Or click a heatmap cell",
-        on_change=keep,
-        args=("token_widget", "token"),
-    )
-    return options[st.session_state["token"]]
+    return options[kept("token", labels, st.selectbox, "Token", labels, help="Or click a heatmap cell")]
 
 
 def clicked_token(event) -> tuple[int, int] | None:
@@ -399,25 +409,18 @@ def _parquet(frame: pd.DataFrame) -> bytes:
 
 def table_downloads(frame: pd.DataFrame, name: str) -> None:
     """CSV and Parquet download buttons for one table (files built only when clicked)."""
-    a, b = st.columns(2)
-    a.download_button(
-        f"{name}.csv",
-        lambda: frame.to_csv(index=False).encode(),
-        f"{name}.csv",
-        "text/csv",
-        icon="⬇",
-        on_click="ignore",
-        key=f"csv_{name}",
-    )
-    b.download_button(
-        f"{name}.parquet",
-        lambda: _parquet(frame),
-        f"{name}.parquet",
-        "application/vnd.apache.parquet",
-        icon="⬇",
-        on_click="ignore",
-        key=f"parquet_{name}",
-    )
+    formats = (("csv", _csv, "text/csv"), ("parquet", _parquet, "application/vnd.apache.parquet"))
+    for column, (ext, build, mime) in zip(st.columns(2), formats, strict=True):
+        file = f"{name}.{ext}"
+        column.download_button(
+            file,
+            functools.partial(build, frame),
+            file,
+            mime,
+            icon="⬇",
+            on_click="ignore",
+            key=f"{ext}_{name}",
+        )
 
 
 def _export(chart: alt.TopLevelMixin, fmt: str) -> bytes:
@@ -459,22 +462,15 @@ def show_chart(chart: alt.TopLevelMixin, key: str, *, select: bool = False):
             chart, width="stretch", on_select="rerun" if select else "ignore", key=f"{key}_chart"
         )
     with st.popover("Save chart", icon="🖼"):
-        st.download_button(
-            "SVG",
-            lambda: _export(chart, "svg"),
-            f"{key}.svg",
-            "image/svg+xml",
-            on_click="ignore",
-            key=f"{key}_svg",
-        )
-        st.download_button(
-            "PNG",
-            lambda: _export(chart, "png"),
-            f"{key}.png",
-            "image/png",
-            on_click="ignore",
-            key=f"{key}_png",
-        )
+        for fmt, mime in (("svg", "image/svg+xml"), ("png", "image/png")):
+            st.download_button(
+                fmt.upper(),
+                functools.partial(_export, chart, fmt),
+                f"{key}.{fmt}",
+                mime,
+                on_click="ignore",
+                key=f"{key}_{fmt}",
+            )
     return event
 
 
@@ -492,15 +488,13 @@ def corpus_trace(source: str) -> moeviz.Trace:
     """The evaluation corpus (all domains) routed through the model, with a progress bar per domain."""
     bar = st.progress(0.0, text="Routing the evaluation corpus…")
     parts = []
-    for i, domain in enumerate(DOMAINS):
-        bar.progress(i / len(DOMAINS), text=f"Routing the evaluation corpus: {domain}…")
+    with stop_on_error():
         try:
-            parts.append(get_domain_trace(source, domain))
-        except moeviz.MoevizError as exc:
+            for i, domain in enumerate(DOMAINS):
+                bar.progress(i / len(DOMAINS), text=f"Routing the evaluation corpus: {domain}…")
+                parts.append(get_domain_trace(source, domain))
+        finally:
             bar.empty()
-            st.error(str(exc))
-            st.stop()
-    bar.empty()
     return moeviz.Trace.concat(parts)
 
 
@@ -512,17 +506,15 @@ def prompt_or_corpus_trace(source: str) -> moeviz.Trace:
         help="8 windows of 256 tokens from each domain of sample_models/eval: enough for the verdicts.",
     )
     if corpus:
-        get_model(source)
+        with stop_on_error():
+            get_model(source)  # with its spinner: the per-domain captures show none
         return corpus_trace(source)
     return load_or_stop(source, prompt_form())
 
 
 def toggle(label: str, store_key: str, help: str | None = None) -> bool:
     """A toggle whose value survives page switches (`st.session_state[store_key]`)."""
-    widget_key = f"{store_key}_widget"
-    remember(widget_key, store_key, [False, True])
-    st.toggle(label, key=widget_key, help=help, on_change=keep, args=(widget_key, store_key))
-    return bool(st.session_state[store_key])
+    return bool(kept(store_key, [False, True], st.toggle, label, help=help))
 
 
 # ---- attention ----------------------------------------------------------------------------------------
@@ -538,38 +530,24 @@ def clicked_head(*events) -> tuple[int, int] | None:
 def pick_head(layers: list[int], num_heads: int, clicked: tuple[int, int] | None) -> tuple[int, int]:
     """Attention layer and head pickers (choices survive page switches: `attention_layer`,
     `attention_head`); a newly clicked head-grid cell selects its layer and head."""
-    if clicked is not None and clicked != st.session_state.get("head_clicked") and clicked[0] in layers:
+    if _new_click(clicked, "head_clicked") and clicked[0] in layers:
         st.session_state["attention_layer"], st.session_state["attention_head"] = clicked
-    st.session_state["head_clicked"] = clicked
     a, b = st.columns(2)
-    remember("attention_layer_widget", "attention_layer", layers)
-    a.selectbox(
+    heads = list(range(num_heads))
+    layer = kept(
+        "attention_layer",
+        layers,
+        a.selectbox,
         "Attention layer",
         layers,
-        key="attention_layer_widget",
-        on_change=keep,
-        args=("attention_layer_widget", "attention_layer"),
         help="Decoder layers with a softmax attention map",
     )
-    remember("attention_head_widget", "attention_head", list(range(num_heads)))
-    b.selectbox(
-        "Head",
-        list(range(num_heads)),
-        key="attention_head_widget",
-        on_change=keep,
-        args=("attention_head_widget", "attention_head"),
-        help="Or click a cell of the head grid",
-    )
-    return int(st.session_state["attention_layer"]), int(st.session_state["attention_head"])
+    head = kept("attention_head", heads, b.selectbox, "Head", heads, help="Or click a cell of the head grid")
+    return int(layer), int(head)
 
 
 def number(label: str, store_key: str, default: int, lo: int, hi: int, help: str | None = None) -> int:
     """An integer input whose value survives page switches (`st.session_state[store_key]`)."""
-    widget_key = f"{store_key}_widget"
-    kept = st.session_state.get(store_key, default)
-    st.session_state[store_key] = min(max(int(kept), lo), hi)
-    st.session_state[widget_key] = st.session_state[store_key]
-    st.number_input(
-        label, lo, hi, key=widget_key, step=1, help=help, on_change=keep, args=(widget_key, store_key)
-    )
-    return int(st.session_state[store_key])
+    # a kept value out of [lo, hi] is clamped (not reset to lo, as `remember` would)
+    st.session_state[store_key] = min(max(int(st.session_state.get(store_key, default)), lo), hi)
+    return int(kept(store_key, range(lo, hi + 1), st.number_input, label, lo, hi, step=1, help=help))

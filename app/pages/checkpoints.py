@@ -71,7 +71,7 @@ def timeline_of(series: str) -> CheckpointTimeline:
 
 def run_timeline(series: str) -> CheckpointTimeline:
     """Trace every checkpoint (progress bar per checkpoint), then compute the timeline; errors stop."""
-    try:
+    with state.stop_on_error():
         _, checkpoints = resolve_series(series)
         bar = st.progress(0.0, text="Tracing the checkpoints…")
         for i, (label, folder) in enumerate(checkpoints):
@@ -83,9 +83,6 @@ def run_timeline(series: str) -> CheckpointTimeline:
         timeline = timeline_of(series)
         bar.empty()
         return timeline
-    except moeviz.MoevizError as exc:
-        st.error(str(exc))
-        st.stop()
 
 
 st.title("Checkpoints")
@@ -106,11 +103,8 @@ with st.sidebar:
             key="series_folder",
             help="A folder of checkpoint folders (each with config.json).",
         )
-try:
+with state.stop_on_error():
     series = series if series in choices else state.check_source(series or "")  # samples: always allowed
-except moeviz.MoevizError as exc:
-    st.error(str(exc))
-    st.stop()
 if not os.path.isdir(series):
     st.error(f"{series} is not a folder")
     st.stop()

@@ -3,14 +3,12 @@
 import state
 import streamlit as st
 
-import moeviz
 from moeviz.analysis import expert_balance_frame, expert_drift_frame, match_tokens, routing_agreement_frame
 from moeviz.charts import agreement_chart, load_heatmap, load_shift_heatmap
 
 st.title("Compare")
 source = state.model_picker()
-samples = [f"{state.SAMPLE_PREFIX}{name}" for name in moeviz.list_samples()]
-choices = list(dict.fromkeys([source, *samples]))
+choices = list(dict.fromkeys([source, *state.sample_sources()]))
 defaults = {"compare_a": source, "compare_b": "sample:mixtral-unbalanced"}
 for key, default in defaults.items():
     if st.session_state.get(key) not in choices:

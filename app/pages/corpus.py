@@ -67,7 +67,7 @@ def options(query: StoreQuery, field: str) -> list:
 
 st.title("Corpus")
 mode = st.radio("Store", [BUILD, OPEN], horizontal=True, key="corpus_mode")
-try:
+with state.stop_on_error():
     if mode == BUILD:
         source = state.model_picker()
         st.caption(
@@ -76,13 +76,9 @@ try:
         )
         store = sample_store(source)
     else:
-        roots = state.allowed_roots("MOEVIZ_STORE_DIRS")
-        hint = "Any local folder." if roots is None else "Inside: " + ", ".join(map(str, roots))
+        hint = state.roots_hint("MOEVIZ_STORE_DIRS")
         store = check_store(st.text_input("Store folder", key="store_folder", help=hint))
     full = StoreQuery(store)
-except moeviz.MoevizError as exc:
-    st.error(str(exc))
-    st.stop()
 if not full.runs:
     st.warning("The store holds no traced run.")
     st.stop()

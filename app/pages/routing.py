@@ -191,7 +191,7 @@ def load_view(site: str, layer: int, num_experts: int) -> None:
         # Files are built only when clicked; a click does not rerun the page.
         d1.download_button(
             "Routing table (CSV)",
-            state.routing_csv(trace),
+            state.routing_csv(frames.routing),
             "routing.csv",
             "text/csv",
             icon="⬇",
