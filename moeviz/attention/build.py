@@ -49,13 +49,10 @@ def build_attention(
             implementation=call.implementation,
         )
     linear = _linear_layers(recorder, layers, no_map)
-    failed = {error.split(":", 1)[0]: error for error in recorder.errors}
     for layer in range(num_layers):
         if layer not in layers and layer not in linear and layer not in no_map:
             no_map[layer] = no_map_reason(config, layer)
-    for module, error in failed.items():
-        index = next((i for i, (name, idx) in recorder.modules.items() if name == module), None)
-        layer = recorder.modules[index][1] if index is not None else -1
+    for layer, error in recorder.errors:
         no_map[layer] = f"mask not representable as key intervals ({error})"
     dtype = next(model.parameters()).dtype
     return AttentionCapture(

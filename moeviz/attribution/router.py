@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from captum.attr import FeatureAblation, LLMAttribution, TextTokenInput
 
-from moeviz.attribution.tokens import TokenAttribution, attribute
+from moeviz.attribution.tokens import TokenAttribution, attribute, pad_token_id
 from moeviz.errors import InputError
 from moeviz.interventions.counterfactual import sequence_ids
 from moeviz.interventions.hooks import Probe, StopForward, probing
@@ -24,6 +24,13 @@ def _site_index(loaded: LoadedModel, layer: int, site: str | None) -> int:
             return i
     layers = sorted({s.layer for s in loaded.sites})
     raise InputError(f"no MoE layer {layer}{'' if site is None else f' ({site})'}: MoE layers are {layers}")
+
+
+def _prefix(ids: list[int], position: int) -> list[int]:
+    """Tokens 0..`position`: all a causal decoder's value at `position` can depend on."""
+    if not 0 <= position < len(ids):
+        raise InputError(f"position {position} outside the prompt (0..{len(ids) - 1})")
+    return ids[: position + 1]
 
 
 def router_value_fn(loaded: LoadedModel, site_index: int, position: int, expert: int, target: str):
@@ -42,11 +49,7 @@ def router_value_fn(loaded: LoadedModel, site_index: int, position: int, expert:
         logits = probe.logits[site_index].reshape(b, p, -1)[:, position, :].float()  # [B, E]
         if target == "logit":
             return logits[:, expert]
-        scores = torch.sigmoid(logits) if site.score_fn == "sigmoid" else torch.softmax(logits, dim=-1)
-        out = scores[:, expert]
-        if target == "selection" and site.bias is not None:
-            out = out + site.bias.detach().float().reshape(-1)[expert]
-        return out
+        return site.router_scores(logits, selection=target == "selection")[:, expert]
 
     return value
 
@@ -76,13 +79,11 @@ def router_attribution(
     baseline.
     """
     ids = sequence_ids(loaded, text, token_ids)
-    if not 0 <= position < len(ids):
-        raise InputError(f"position {position} outside the prompt (0..{len(ids) - 1})")
+    prefix = _prefix(ids, position)
     index = _site_index(loaded, layer, site)
     num_experts = loaded.sites[index].num_experts
     if not 0 <= expert < num_experts:
         raise InputError(f"expert {expert} out of range: layer {layer} has experts 0..{num_experts - 1}")
-    prefix = ids[: position + 1]
     value = router_value_fn(loaded, index, position, expert, target)
     return attribute(
         loaded,
@@ -148,9 +149,7 @@ def next_token_attribution(
     """
     ids = sequence_ids(loaded, text, token_ids)
     position = len(ids) - 1 if position is None else position
-    if not 0 <= position < len(ids):
-        raise InputError(f"position {position} outside the prompt (0..{len(ids) - 1})")
-    prefix = ids[: position + 1]
+    prefix = _prefix(ids, position)
     vocab = int(loaded.model.config.get_text_config().vocab_size)
     if target_id is None:
         if position + 1 < len(ids):
@@ -165,13 +164,10 @@ def next_token_attribution(
         logits = loaded.model(inputs_embeds=embeds, use_cache=False).logits[:, -1].float()
         return torch.log_softmax(logits, dim=-1)[:, target_id]
 
-    pad = getattr(loaded.model.config.get_text_config(), "pad_token_id", None)
-    pad = int(pad) if pad is not None else 0
-
     def llm_ablation() -> np.ndarray:
         tokenizer = _IdsTokenizer(loaded, prefix)
         llm = LLMAttribution(FeatureAblation(loaded.model), tokenizer)
-        inp = TextTokenInput("", tokenizer, baselines=0 if baseline == "zero" else pad)
+        inp = TextTokenInput("", tokenizer, baselines=0 if baseline == "zero" else pad_token_id(loaded))
         with torch.no_grad():
             result = llm.attribute(inp, target=torch.tensor([target_id]), forward_in_tokens=False)
         return result.seq_attr.detach().double().cpu().numpy()

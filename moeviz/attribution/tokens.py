@@ -113,6 +113,12 @@ class TokenAttribution:
         )
 
 
+def pad_token_id(loaded: LoadedModel) -> int:
+    """The model's pad token id (0 when its config has none): what the "pad" baseline puts everywhere."""
+    pad = getattr(loaded.model.config.get_text_config(), "pad_token_id", None)
+    return int(pad) if pad is not None else 0
+
+
 def embeddings(loaded: LoadedModel, ids: list[int], baseline: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(input embeddings [1, P, H], baseline embeddings [1, P, H]), detached, in the model's dtype."""
     if baseline not in BASELINES:
@@ -123,8 +129,7 @@ def embeddings(loaded: LoadedModel, ids: list[int], baseline: str) -> tuple[torc
         if baseline == "zero":
             base = torch.zeros_like(inputs)
         else:
-            pad = getattr(loaded.model.config.get_text_config(), "pad_token_id", None)
-            base = embed(torch.full((1, len(ids)), int(pad if pad is not None else 0))).detach()
+            base = embed(torch.full((1, len(ids)), pad_token_id(loaded))).detach()
     return inputs, base
 
 

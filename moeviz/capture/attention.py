@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from moeviz.capture.hooks import Restore, shared_hooks
+from moeviz.capture.hooks import Restore, active_on_thread, shared_hooks
 from moeviz.models import attention as attention_models
 
 _active = threading.local()
@@ -61,7 +61,7 @@ class AttentionRecorder:
 
     modules: dict[int, tuple[str, int]]
     calls: list[AttentionCall] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
+    errors: list[tuple[int, str]] = field(default_factory=list)  # (layer, "module: why it was not recorded")
     # Linear-attention layers: (module name, layer, thunk -> decoded tensors) per call; decoded after the run.
     linear: list[tuple[str, int, Callable[[], dict]]] = field(default_factory=list)
     _current_delta: tuple[str, int] | None = None
@@ -133,7 +133,7 @@ def _wrap(original: Callable, implementation: str, recorder: AttentionRecorder) 
             try:
                 _record(recorder, where, module, query, key, value, attention_mask, is_sdpa_like, kwargs)
             except ValueError as exc:  # record why, never break the model's forward
-                recorder.errors.append(f"{where[0]}: {exc}")
+                recorder.errors.append((where[1], f"{where[0]}: {exc}"))
         return original(module, query, key, value, attention_mask, *args, **kwargs)
 
     return recording_attention
@@ -210,14 +210,14 @@ def recording_attention(model: nn.Module) -> Iterator[AttentionRecorder]:
         registry.get_interface = _patched_get_interface.__get__(registry)
         return [Restore(lambda: registry.__dict__.pop("get_interface", None))]
 
-    with shared_hooks(registry, "attention-interface", install):
-        previous = getattr(_active, "recorder", None)
-        _active.recorder = recorder
+    with (
+        shared_hooks(registry, "attention-interface", install),
+        active_on_thread(_active, "recorder", recorder),
+    ):
         try:
             with _linear_hooks(model, recorder):
                 yield recorder
         finally:
-            _active.recorder = previous
             recorder._mask_cache.clear()
 
 

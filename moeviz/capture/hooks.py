@@ -74,6 +74,18 @@ def shared_hooks(owner: object, kind: str, install: Callable[[], list[Any]]) -> 
                 _registry.pop(key, None)
 
 
+@contextmanager
+def active_on_thread(local: threading.local, name: str, value: Any) -> Iterator[Any]:
+    """Set `local.<name>` to `value` on this thread for the block (what `shared_hooks`' hooks read), then
+    put back what was there, also on error."""
+    previous = getattr(local, name, None)
+    setattr(local, name, value)
+    try:
+        yield value
+    finally:
+        setattr(local, name, previous)
+
+
 def installed_hook_count(model: nn.Module, kind: str) -> int:
     """How many hooks of `kind` are on `model` now (0 when no call is running)."""
     hooks = _registry.get((id(model), kind))
@@ -113,10 +125,5 @@ def recording(model: nn.Module, sites: list[MoESite]) -> Iterator[Recorder]:
         return handles
 
     recorder = Recorder.for_sites(len(sites))
-    with shared_hooks(model, "routing", install):
-        previous = getattr(_active, "recorder", None)
-        _active.recorder = recorder
-        try:
-            yield recorder
-        finally:
-            _active.recorder = previous
+    with shared_hooks(model, "routing", install), active_on_thread(_active, "recorder", recorder):
+        yield recorder

@@ -360,18 +360,12 @@ def _decode_site(
 
 def _logits(site: MoESite, output) -> np.ndarray:
     """Raw router logits [N, E] as fp32 numpy."""
-    if site.logits_index is not None and isinstance(output, (tuple, list)):
-        tensor = output[site.logits_index]
-    elif torch.is_tensor(output):
-        tensor = output
-    else:
-        candidates = [t for t in output if torch.is_tensor(t) and t.is_floating_point() and t.dim() >= 2]
-        tensor = next((t for t in candidates if t.shape[-1] == site.num_experts), None)
-        if tensor is None:
-            raise CaptureError(
-                f"layer {site.layer} ({site.name}): no [N, {site.num_experts}] logits in router output"
-            )
-    return tensor.detach().float().reshape(-1, tensor.shape[-1]).cpu().numpy()
+    tensor = site.router_logits(output)
+    if tensor is None:
+        raise CaptureError(
+            f"layer {site.layer} ({site.name}): no [N, {site.num_experts}] logits in router output"
+        )
+    return tensor.detach().float().cpu().numpy()
 
 
 def _decision(site: MoESite, output, args, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:

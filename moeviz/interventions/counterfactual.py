@@ -7,7 +7,7 @@ never edited and other sessions sharing it are unaffected.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,9 +32,7 @@ def sequence_ids(loaded: LoadedModel, text: str | None, token_ids: Sequence[int]
 
 
 @contextmanager
-def intervening(
-    loaded: LoadedModel, interventions: Sequence[Intervention], seq_len: int, probe: Probe | None = None
-) -> Iterator[Probe]:
+def intervening(loaded: LoadedModel, interventions: Sequence[Intervention], seq_len: int) -> Iterator[Probe]:
     """Apply `interventions` to every forward this thread runs on `loaded` inside the block.
 
     `seq_len` is the length S of the [B, S] input, mapping a call's flattened rows to positions."""
@@ -48,7 +46,7 @@ def intervening(
             idx, w = apply(spec, sites[site_index], idx, w, logits, seq_len)
         return idx, w
 
-    probe = probe or Probe()
+    probe = Probe()
     if plan:
         probe.rewrite, probe.rewrite_sites = rewrite, set(plan)
     with probing(loaded.model, sites, probe):
@@ -225,8 +223,7 @@ def expert_importance(
     if not wanted:
         raise InputError(f"no MoE layer among {list(layers or [])}")
     target = torch.tensor(ids[1:])
-    rows, jobs = [], [(site, e) for site in wanted for e in range(site.num_experts)]
-    done = 0
+    rows, done, total = [], 0, sum(site.num_experts for site in wanted)
     for site in wanted:
         routing = trace.layer(site.layer, site.site)
         n_tok = max(len(routing.token_rows), 1)
@@ -236,8 +233,7 @@ def expert_importance(
             per_seq = (-1, *chunk)
             batch = torch.tensor([ids] * len(per_seq))
             spec = _DisablePerSequence(layer=site.layer, experts=per_seq, site=site.site)
-            with ExitStack() as stack:
-                stack.enter_context(intervening(loaded, [spec], seq))
+            with intervening(loaded, [spec], seq):
                 lp = next_token_logprobs(loaded, batch)
             nll = -lp[:, :-1].gather(2, target[None, :, None].expand(len(per_seq), -1, 1))[..., 0].mean(1)
             base = float(nll[0])
@@ -257,5 +253,5 @@ def expert_importance(
                 )
             done += len(chunk)
             if progress is not None:
-                progress(done / len(jobs), f"layer {site.layer}: experts {chunk[0]}–{chunk[-1]} disabled")
+                progress(done / total, f"layer {site.layer}: experts {chunk[0]}–{chunk[-1]} disabled")
     return pd.DataFrame(rows)

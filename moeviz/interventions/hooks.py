@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from moeviz.capture.hooks import active_on_thread, shared_hooks
 from moeviz.capture.hooks import installed_hook_count as shared_hook_count
-from moeviz.capture.hooks import shared_hooks
 from moeviz.models.dispatch import read_decision, write_decision
 from moeviz.models.sites import MoESite
 
@@ -34,27 +34,21 @@ class StopForward(Exception):
 
 @dataclass
 class Probe:
-    """What one thread asks of the hooks: rewrite decisions, keep router logits, stop early."""
+    """What one thread asks of the hooks: rewrite decisions (given the router logits), stop early."""
 
     rewrite: Rewrite | None = None
     rewrite_sites: set[int] = field(default_factory=set)  # site indices `rewrite` applies to
-    keep_logits: set[int] = field(default_factory=set)
     stop_after: int | None = None  # site index whose router ends the forward (raises StopForward)
     logits: dict[int, torch.Tensor] = field(default_factory=dict)  # site index -> [N, E] (with grad)
 
 
 def _router_logits(site: MoESite, output: Any) -> torch.Tensor:
-    if torch.is_tensor(output):
-        return output.reshape(-1, output.shape[-1])
-    if site.logits_index is not None:
-        tensor = output[site.logits_index]
-        return tensor.reshape(-1, tensor.shape[-1])
-    for tensor in output:
-        if torch.is_tensor(tensor) and tensor.is_floating_point() and tensor.shape[-1] == site.num_experts:
-            return tensor.reshape(-1, tensor.shape[-1])
-    raise RuntimeError(
-        f"layer {site.layer} ({site.name}): no [N, {site.num_experts}] logits in router output"
-    )
+    logits = site.router_logits(output)
+    if logits is None:
+        raise RuntimeError(
+            f"layer {site.layer} ({site.name}): no [N, {site.num_experts}] logits in router output"
+        )
+    return logits
 
 
 def _router_hook(index: int, site: MoESite):
@@ -62,7 +56,7 @@ def _router_hook(index: int, site: MoESite):
         probe: Probe | None = getattr(_active, "probe", None)
         if probe is None:
             return
-        if index in probe.keep_logits or index in probe.rewrite_sites or probe.stop_after == index:
+        if index in probe.rewrite_sites or probe.stop_after == index:
             probe.logits[index] = _router_logits(site, output)
         if probe.stop_after == index:
             raise StopForward
@@ -99,13 +93,8 @@ def probing(model: nn.Module, sites: list[MoESite], probe: Probe) -> Iterator[Pr
                 handles.append(site.experts.register_forward_pre_hook(hook, with_kwargs=True, prepend=True))
         return handles
 
-    with shared_hooks(model, "interventions", install):
-        previous = getattr(_active, "probe", None)
-        _active.probe = probe
-        try:
-            yield probe
-        finally:
-            _active.probe = previous
+    with shared_hooks(model, "interventions", install), active_on_thread(_active, "probe", probe):
+        yield probe
 
 
 def installed_hook_count(model: nn.Module) -> int:

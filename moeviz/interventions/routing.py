@@ -196,10 +196,7 @@ def apply(
     if isinstance(spec, NextBest):
         if logits is None:
             raise InterventionError(f"NextBest at layer {site.layer}: the router's logits were not seen")
-        scores = logits.detach().float()
-        scores = torch.sigmoid(scores) if site.score_fn == "sigmoid" else torch.softmax(scores, dim=-1)
-        if site.bias is not None:
-            scores = scores + site.bias.detach().float().reshape(1, -1)
+        scores = site.router_scores(logits.detach().float(), selection=True)
         scores = scores.scatter(1, index.long(), float("-inf"))
         best = scores.argmax(dim=1).to(index.dtype)
         new_index[arange[rows], slot[rows]] = best[rows]

@@ -114,6 +114,25 @@ def resolve_source(source: str | Path) -> Path:
     return folder
 
 
+@dataclass
+class SourceInfo:
+    """What a model source declares, read as `load_model` reads it but without loading any weights."""
+
+    folder: Path
+    tokenizer: Any | None
+    model_type: str
+    max_length: int | None
+
+
+def read_source(source: str | Path, *, trust_remote_code: bool = False) -> SourceInfo:
+    """Folder, tokenizer, model type and context length of `source` (no weights: cheap checks before a run
+    that loads the model elsewhere, e.g. on workers)."""
+    folder = resolve_source(source)
+    tokenizer = _load_tokenizer(folder, trust_remote_code)
+    config = _load_config(folder, trust_remote_code)
+    return SourceInfo(folder, tokenizer, str(config.model_type), _max_length(config))
+
+
 def load_model(
     source: str | Path,
     *,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -82,6 +83,28 @@ class MoESite:
     @property
     def needs_expert_args(self) -> bool:
         return self.decoder in NEEDS_EXPERT_ARGS or self.decoder == "auto"
+
+    def router_logits(self, output: Any) -> torch.Tensor | None:
+        """The raw logits [N, E] (tokens flattened, autograd kept) in one output of the router: the output
+        itself, its `logits_index` entry, or its first float [..., E] tensor. None when there is none."""
+        if torch.is_tensor(output):
+            tensor = output
+        elif self.logits_index is not None:
+            tensor = output[self.logits_index]
+        else:
+            floats = (t for t in output if torch.is_tensor(t) and t.is_floating_point() and t.dim() >= 2)
+            tensor = next((t for t in floats if t.shape[-1] == self.num_experts), None)
+            if tensor is None:
+                return None
+        return tensor.reshape(-1, tensor.shape[-1])
+
+    def router_scores(self, logits: torch.Tensor, selection: bool = False) -> torch.Tensor:
+        """Router scores [..., E] from logits, in torch with autograd kept (`moeviz.scoring` is the numpy
+        version): sigmoid or softmax over experts, plus the balancing bias when `selection`."""
+        scores = torch.sigmoid(logits) if self.score_fn == "sigmoid" else torch.softmax(logits, dim=-1)
+        if selection and self.bias is not None:
+            scores = scores + self.bias.detach().float().reshape(-1)
+        return scores
 
 
 def find_moe_sites(model: nn.Module) -> list[MoESite]:
