@@ -11,21 +11,16 @@ import pytest
 import moeviz
 from moeviz.analysis import expert_load_frame
 from moeviz.charts import expert_load_chart, router_score_heatmap, token_label, token_window
-
-PROMPT = (
-    "The for statement is used to iterate over the elements of a sequence (such as a string, tuple or list)."
-)
+from tests.chart_helpers import PROMPT, data_of
 
 
 @pytest.fixture(scope="module")
-def trace() -> moeviz.Trace:
-    return moeviz.capture(moeviz.load_model("sample:mixtral-healthy"), PROMPT)
+def trace(sample_model) -> moeviz.Trace:
+    return moeviz.capture(sample_model, PROMPT)
 
 
 def chart_data(chart) -> pd.DataFrame:
-    spec = chart.to_dict()
-    (values,) = spec["datasets"].values()  # one dataset, shared by the layers
-    return pd.DataFrame(values)
+    return data_of(chart.to_dict())
 
 
 def dispatched_pairs(

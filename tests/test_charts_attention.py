@@ -18,20 +18,12 @@ from moeviz.charts import (
     head_metric_heatmap,
     kv_whatif_heatmap,
 )
-
-PROMPT = (
-    "The for statement is used to iterate over the elements of a sequence (such as a string, tuple or list)."
-)
+from tests.chart_helpers import PROMPT, data_of
 
 
 @pytest.fixture(scope="module")
 def att_trace(sample_model) -> moeviz.Trace:
     return moeviz.capture(sample_model, PROMPT, attention=True)
-
-
-def data_of(spec: dict) -> pd.DataFrame:
-    (values,) = spec["datasets"].values()
-    return pd.DataFrame(values)
 
 
 @pytest.mark.parametrize("metric", list(HEAD_METRICS))

@@ -29,10 +29,7 @@ from moeviz.charts import (
     token_strip_chart,
     transition_heatmaps,
 )
-
-PROMPT = (
-    "The for statement is used to iterate over the elements of a sequence (such as a string, tuple or list)."
-)
+from tests.chart_helpers import PROMPT, data_of
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +40,6 @@ def trace(sample_model) -> moeviz.Trace:
 @pytest.fixture(scope="module")
 def stacked(trace) -> pd.DataFrame:
     return stack_scores({key: trace.scores_frame(key[1], key[0]) for key in trace.layer_keys})
-
-
-def data_of(spec: dict) -> pd.DataFrame:
-    (values,) = spec["datasets"].values()
-    return pd.DataFrame(values)
 
 
 def marks(spec: dict) -> list[str]:

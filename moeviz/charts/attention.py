@@ -111,6 +111,13 @@ def head_metric_heatmap(
     )
 
 
+def _position_labels(tokens: pd.DataFrame, positions: np.ndarray) -> dict[int, str]:
+    """{pos: `token_label`} for the given positions of one sequence's tokens (columns pos, token); "?" for a
+    position the tokens do not have."""
+    text = dict(zip(tokens["pos"].astype(int), tokens["token"].astype(str), strict=True))
+    return {int(p): token_label(int(p), text.get(int(p), "?")) for p in positions}
+
+
 def attention_block_frame(
     block: np.ndarray, rows: np.ndarray, cols: np.ndarray, tokens: pd.DataFrame
 ) -> pd.DataFrame:
@@ -123,8 +130,7 @@ def attention_block_frame(
     rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
     if block.shape != (len(rows), len(cols)):
         raise ValueError(f"block {block.shape} does not match {len(rows)} rows × {len(cols)} columns")
-    text = dict(zip(tokens["pos"].astype(int), tokens["token"].astype(str), strict=True))
-    labels = {int(p): token_label(int(p), text.get(int(p), "?")) for p in np.union1d(rows, cols)}
+    labels = _position_labels(tokens, np.union1d(rows, cols))
     q, k = np.meshgrid(rows, cols, indexing="ij")
     return pd.DataFrame(
         {
@@ -192,11 +198,11 @@ def attention_row_frame(
         raise ValueError(f"max_keys must be >= 1, got {max_keys}")
     lo = max(0, int(pos) - max_keys + 1)
     keys = np.arange(lo, min(int(pos) + 1, len(row)))
-    text = dict(zip(tokens["pos"].astype(int), tokens["token"].astype(str), strict=True))
+    labels = _position_labels(tokens, keys)
     return pd.DataFrame(
         {
             "key_pos": keys,
-            "key": [token_label(int(k), text.get(int(k), "?")) for k in keys],
+            "key": [labels[int(k)] for k in keys],
             "weight": np.asarray(row, dtype=np.float64)[keys],
             "distance": int(pos) - keys,
         }

@@ -10,6 +10,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from moeviz.charts._common import layer_labels, log2_fold, log2_fold_colour
 from moeviz.charts.routing import _FIT_WIDTH
 
 TIMELINE_INDICATORS = {
@@ -22,22 +23,22 @@ SATURATION_KINDS = {"topk": "saturation_topk", "top1": "saturation_top1"}
 LEVEL_COLOURS = {"warning": "#f2a541", "collapsed": "#e4572e"}
 
 
-def _layer_label(frame: pd.DataFrame) -> list[str]:
-    """Line labels: the layer number, with its site only when several sites are present."""
-    several = frame["site"].nunique() > 1
-    return [
-        f"{layer} ({site})" if several else str(layer)
-        for site, layer in zip(frame["site"], frame["layer"], strict=True)
-    ]
-
-
 def _checkpoint_x(frame: pd.DataFrame) -> alt.X:
     """Checkpoint axis ordered by `order` (training step), not alphabetically."""
     ordered = frame.drop_duplicates("checkpoint").sort_values("order")["checkpoint"].tolist()
     return alt.X("checkpoint:O", title="checkpoint", sort=ordered, axis=alt.Axis(labelAngle=-30))
 
 
-def _lines(data: pd.DataFrame, value: str, title: str, *, domain: list[float] | None = None) -> alt.Chart:
+def _lines(
+    data: pd.DataFrame,
+    value: str,
+    title: str,
+    *,
+    domain: list[float] | None = None,
+    tooltip: list[alt.Tooltip] | None = None,
+) -> alt.Chart:
+    """One line per layer (`row`) of `value` over the checkpoints; the tooltip defaults to checkpoint, layer
+    and the value."""
     y_scale = alt.Scale(domain=domain) if domain else alt.Undefined
     return (
         alt.Chart(data)
@@ -46,7 +47,8 @@ def _lines(data: pd.DataFrame, value: str, title: str, *, domain: list[float] | 
             x=_checkpoint_x(data),
             y=alt.Y(f"{value}:Q", title=title, scale=y_scale),
             color=alt.Color("row:N", title="MoE layer", sort=alt.EncodingSortField("layer")),
-            tooltip=[
+            tooltip=tooltip
+            or [
                 alt.Tooltip("checkpoint:N"),
                 alt.Tooltip("row:N", title="MoE layer"),
                 alt.Tooltip(f"{value}:Q", format=".3f", title=title),
@@ -67,7 +69,7 @@ def saturation_timeline_chart(saturation: pd.DataFrame, kind: str = "topk") -> a
     column = SATURATION_KINDS[kind]
     data = saturation[["checkpoint", "order", "site", "layer", column]].copy()
     data[column] = data[column].astype(np.float64)
-    data["row"] = _layer_label(data)
+    data["row"] = layer_labels(data)
     label = "top-k overlap with final" if kind == "topk" else "top-1 agreement with final"
     return (
         _lines(data, column, label, domain=[0, 1])
@@ -94,7 +96,7 @@ def balance_timeline_chart(
         raise ValueError(f"indicator must be one of {sorted(TIMELINE_INDICATORS)}, got {indicator!r}")
     data = collapse[["checkpoint", "order", "site", "layer", indicator]].copy()
     data[indicator] = data[indicator].astype(np.float64)
-    data["row"] = _layer_label(data)
+    data["row"] = layer_labels(data)
     lines = _lines(data, indicator, indicator)
     rules = pd.DataFrame(columns=["level", "threshold"])
     if crossings is not None and len(crossings):
@@ -138,16 +140,14 @@ def drift_timeline_chart(drift: pd.DataFrame) -> alt.Chart:
         .sort_values(["order", "site", "layer"], kind="stable")
         .reset_index(drop=True)
     )
-    data["row"] = _layer_label(data)
-    chart = _lines(data, "drift", "mean drift", domain=[0, 1])
-    return chart.encode(
-        tooltip=[
-            alt.Tooltip("checkpoint:N"),
-            alt.Tooltip("row:N", title="MoE layer"),
-            alt.Tooltip("drift:Q", format=".3f", title="mean drift"),
-            alt.Tooltip("max_drift:Q", format=".3f", title="max drift"),
-        ]
-    ).properties(
+    data["row"] = layer_labels(data)
+    tooltip = [
+        alt.Tooltip("checkpoint:N"),
+        alt.Tooltip("row:N", title="MoE layer"),
+        alt.Tooltip("drift:Q", format=".3f", title="mean drift"),
+        alt.Tooltip("max_drift:Q", format=".3f", title="max drift"),
+    ]
+    return _lines(data, "drift", "mean drift", domain=[0, 1], tooltip=tooltip).properties(
         title=alt.Title(
             "Expert drift", subtitle="1 − Jaccard of each expert's tokens vs the previous checkpoint"
         ),
@@ -168,17 +168,16 @@ def specialisation_timeline_chart(specialisation: pd.DataFrame) -> alt.Chart:
         ["checkpoint", "order", "site", "layer", "domain", "top_expert", "ds", "lift"]
     ].copy()
     data["lift"] = data["lift"].astype(np.float64)
-    data["row"] = _layer_label(data)
-    line = _lines(data, "lift", "lift of the top expert").encode(
-        tooltip=[
-            alt.Tooltip("checkpoint:N"),
-            alt.Tooltip("domain:N"),
-            alt.Tooltip("row:N", title="MoE layer"),
-            alt.Tooltip("top_expert:O", title="top expert"),
-            alt.Tooltip("ds:Q", format=".3f", title="DS"),
-            alt.Tooltip("lift:Q", format=".2f"),
-        ]
-    )
+    data["row"] = layer_labels(data)
+    tooltip = [
+        alt.Tooltip("checkpoint:N"),
+        alt.Tooltip("domain:N"),
+        alt.Tooltip("row:N", title="MoE layer"),
+        alt.Tooltip("top_expert:O", title="top expert"),
+        alt.Tooltip("ds:Q", format=".3f", title="DS"),
+        alt.Tooltip("lift:Q", format=".2f"),
+    ]
+    line = _lines(data, "lift", "lift of the top expert", tooltip=tooltip)
     return line.properties(width=220, height=160).facet(
         facet=alt.Facet("domain:N", title=None), columns=3, title="Domain specialisation over training"
     )
@@ -191,8 +190,8 @@ def domain_specialisation_heatmap(specialisation: pd.DataFrame) -> alt.Chart:
     ds, baseline, lift), already filtered to one model and checkpoint. One cell per input row.
     """
     data = specialisation[["site", "layer", "domain", "expert", "tokens", "ds", "lift"]].copy()
-    data["log2_lift"] = np.log2(np.clip(data["lift"].to_numpy(dtype=np.float64), 1 / 8, 8))
-    data["row"] = _layer_label(data)
+    data["log2_lift"] = log2_fold(data["lift"])
+    data["row"] = layer_labels(data)
     domains = int(data["domain"].nunique()) if len(data) else 1
     return (
         alt.Chart(data)
@@ -200,11 +199,7 @@ def domain_specialisation_heatmap(specialisation: pd.DataFrame) -> alt.Chart:
         .encode(
             x=alt.X("expert:O", axis=alt.Axis(labelAngle=0)),
             y=alt.Y("domain:N", title=None),
-            color=alt.Color(
-                "log2_lift:Q",
-                scale=alt.Scale(scheme="redblue", reverse=True, domain=[-3, 3], domainMid=0),
-                legend=alt.Legend(title="log₂ lift", values=[-3, -1, 0, 1, 3]),
-            ),
+            color=log2_fold_colour("log2_lift", "log₂ lift"),
             tooltip=[
                 alt.Tooltip("row:N", title="MoE layer"),
                 alt.Tooltip("domain:N"),

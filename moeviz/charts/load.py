@@ -6,6 +6,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from moeviz.charts._common import layer_labels, log2_fold, log2_fold_colour
 from moeviz.charts.routing import _FIT_WIDTH
 
 # What each balance indicator reads when the load is perfectly uniform (E = experts of the layer).
@@ -29,12 +30,8 @@ def load_heatmap(expert_balance: pd.DataFrame, *, title: str | None = None) -> a
     deepest blue. The colour scale is symmetric in log2 (½× and 2× equally strong), clipped at 8×.
     """
     data = expert_balance[["site", "layer", "expert", "count", "share", "utilisation", "dead"]].copy()
-    data["log2_util"] = np.log2(np.clip(data["utilisation"].to_numpy(dtype=np.float64), 1 / 8, 8))
-    several_sites = data["site"].nunique() > 1
-    data["row"] = [
-        f"{layer} ({site})" if several_sites else str(layer)
-        for site, layer in zip(data["site"], data["layer"], strict=True)
-    ]
+    data["log2_util"] = log2_fold(data["utilisation"])
+    data["row"] = layer_labels(data)
     layers = int(data["row"].nunique()) if len(data) else 1
     return (
         alt.Chart(data)
@@ -42,11 +39,7 @@ def load_heatmap(expert_balance: pd.DataFrame, *, title: str | None = None) -> a
         .encode(
             x=alt.X("expert:O", axis=alt.Axis(labelAngle=0)),
             y=alt.Y("row:O", title="MoE layer", sort=alt.EncodingSortField("layer")),
-            color=alt.Color(
-                "log2_util:Q",
-                scale=alt.Scale(scheme="redblue", reverse=True, domain=[-3, 3], domainMid=0),
-                legend=alt.Legend(title="log₂ utilisation", values=[-3, -1, 0, 1, 3]),
-            ),
+            color=log2_fold_colour("log2_util", "log₂ utilisation"),
             tooltip=[
                 alt.Tooltip("layer:O"),
                 alt.Tooltip("expert:O"),

@@ -30,6 +30,25 @@ def token_window(num_tokens: int, *, max_tokens: int = 400, start: int = 0) -> t
     return start, min(start + max_tokens, num_tokens)
 
 
+def _window_subtitle(lo: int, hi: int, num_tokens: int) -> str:
+    """Which token rows a windowed view shows: "tokens lo–(hi−1) of N", or "N tokens" when all of them."""
+    return f"tokens {lo}–{hi - 1} of {num_tokens}" if (lo, hi) != (0, num_tokens) else f"{num_tokens} tokens"
+
+
+def _labelled(frame: pd.DataFrame) -> list[str]:
+    """`token_label` of each row of a frame with columns seq, pos, token (seq shown only when several)."""
+    multi_seq = frame["seq"].nunique() > 1
+    return [
+        token_label(p, t, s if multi_seq else None)
+        for s, p, t in zip(frame["seq"], frame["pos"], frame["token"], strict=True)
+    ]
+
+
+def _dispatch_dots(base: alt.Chart, size: int) -> alt.Chart:
+    """A ● on each cell of `base` whose `dispatched` field is true."""
+    return base.transform_filter("datum.dispatched").mark_text(text=DOT, color="#e4572e", fontSize=size)
+
+
 def router_score_heatmap(
     scores_frame: pd.DataFrame,
     *,
@@ -58,15 +77,10 @@ def router_score_heatmap(
     num_tokens = int(rows.max()) + 1 if len(rows) else 0
     lo, hi = token_window(num_tokens, max_tokens=max_tokens, start=start)
     cells = scores_frame[(rows >= lo) & (rows < hi)]
-    multi_seq = cells["seq"].nunique() > 1
-    labels = [
-        token_label(p, t, s if multi_seq else None)
-        for s, p, t in zip(cells["seq"], cells["pos"], cells["token"], strict=True)
-    ]
     data = pd.DataFrame(
         {
             "row": cells["row"].to_numpy(),
-            "label": labels,
+            "label": _labelled(cells),
             "token": cells["token"].astype(str).to_numpy(),
             "seq": cells["seq"].to_numpy(),
             "pos": cells["pos"].to_numpy(),
@@ -78,8 +92,6 @@ def router_score_heatmap(
         }
     )
     num_experts = int(data["expert"].nunique()) if len(data) else 0
-    windowed = (lo, hi) != (0, num_tokens)
-    subtitle = f"tokens {lo}–{hi - 1} of {num_tokens}" if windowed else f"{num_tokens} tokens"
     tooltip = [
         alt.Tooltip("token:N"),
         alt.Tooltip("pos:Q"),
@@ -108,9 +120,9 @@ def router_score_heatmap(
             alt.selection_point(name=TOKEN_SELECTION, fields=["seq", "pos"], on="click", clear="dblclick")
         )
     dot_size = 11 if hi - lo <= 80 else 8 if hi - lo <= 200 else 6  # fewer, wider cells take a bigger dot
-    dots = base.transform_filter("datum.dispatched").mark_text(text=DOT, color="#e4572e", fontSize=dot_size)
+    dots = _dispatch_dots(base, dot_size)
     return alt.layer(cells_layer, dots, data=data).properties(
-        title=alt.Title(title or "Router scores", subtitle=subtitle),
+        title=alt.Title(title or "Router scores", subtitle=_window_subtitle(lo, hi, num_tokens)),
         height=min(max(22 * num_experts, 120), 640),
         autosize=_FIT_WIDTH,
     )
@@ -148,14 +160,6 @@ def expert_load_chart(load_frame: pd.DataFrame, *, title: str | None = None) -> 
 
 # ---- tokens × routing: strip, timeline, drill-down ------------------------------------------------------
 STRIP_WIDTH = 16  # tokens per line of the token strip
-
-
-def _labelled(frame: pd.DataFrame) -> list[str]:
-    multi_seq = frame["seq"].nunique() > 1
-    return [
-        token_label(p, t, s if multi_seq else None)
-        for s, p, t in zip(frame["seq"], frame["pos"], frame["token"], strict=True)
-    ]
 
 
 def token_strip_chart(
@@ -206,11 +210,8 @@ def token_strip_chart(
     boxes = base.mark_rect(stroke="white", strokeWidth=2, cornerRadius=3).encode(color=colour)
     text = base.mark_text(fontSize=12, color="black").encode(text="text:N")
     lines = int(data["line"].nunique()) if len(data) else 1
-    shown = (
-        f"tokens {lo}–{hi - 1} of {len(tokens)}" if (lo, hi) != (0, len(tokens)) else f"{len(tokens)} tokens"
-    )
     return alt.layer(boxes, text, data=data).properties(
-        title=alt.Title(title or "Tokens by top-1 expert", subtitle=shown),
+        title=alt.Title(title or "Tokens by top-1 expert", subtitle=_window_subtitle(lo, hi, len(tokens))),
         height=min(28 * lines, 900),
         autosize=_FIT_WIDTH,
     )
@@ -262,7 +263,7 @@ def expert_timeline_chart(
     cells = base.mark_rect().encode(
         color=alt.Color("score:Q", scale=alt.Scale(scheme="purples", zero=True), title="score")
     )
-    dots = base.transform_filter("datum.dispatched").mark_text(text=DOT, color="#e4572e", fontSize=9)
+    dots = _dispatch_dots(base, 9)
     num_layers = int(data["layer"].nunique()) if len(data) else 1
     return alt.layer(cells, dots, data=data).properties(
         title=alt.Title(
@@ -295,7 +296,7 @@ def token_layer_scores_chart(token_scores: pd.DataFrame, *, title: str | None = 
     cells = base.mark_rect().encode(
         color=alt.Color("score:Q", scale=alt.Scale(scheme="blues", zero=True), title="score")
     )
-    dots = base.transform_filter("datum.dispatched").mark_text(text=DOT, color="#e4572e", fontSize=12)
+    dots = _dispatch_dots(base, 12)
     layers = int(data["layer"].nunique()) if len(data) else 1
     return alt.layer(cells, dots, data=data).properties(
         title=title or "Scores at every layer", height=min(max(26 * layers, 80), 600), autosize=_FIT_WIDTH

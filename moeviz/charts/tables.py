@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from moeviz.charts.routing import token_label
+from moeviz.charts.routing import _labelled
 
 
 def stack_scores(frames: dict[tuple[str, int], pd.DataFrame]) -> pd.DataFrame:
@@ -21,11 +21,8 @@ def token_options(tokens: pd.DataFrame) -> dict[str, tuple[int, int]]:
 
     Input: `Trace.tokens` (columns seq, pos, token).
     """
-    multi = tokens["seq"].nunique() > 1
-    return {
-        token_label(int(p), t, int(s) if multi else None): (int(s), int(p))
-        for s, p, t in zip(tokens["seq"], tokens["pos"], tokens["token"], strict=True)
-    }
+    labels = _labelled(tokens)
+    return {label: (int(s), int(p)) for label, s, p in zip(labels, tokens["seq"], tokens["pos"], strict=True)}
 
 
 def dead_hot_experts(expert_balance: pd.DataFrame, hot_factor: float = 2.5) -> pd.DataFrame:
