@@ -2,32 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from streamlit.testing.v1 import AppTest
 
-REPO = Path(__file__).resolve().parents[1]
-APP = REPO / "app" / "streamlit_app.py"
+from moeviz.testing.app_server import APP, app_test_env, run_page
+
 TIMEOUT_S = 60
 
 
 @pytest.fixture(autouse=True)
 def _app_env(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for name in ("MOEVIZ_MODEL_DIRS", "MOEVIZ_DEFAULT_MODEL", "MOEVIZ_STORE_DIRS"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.syspath_prepend(str(REPO / "app"))  # pages `import state`, as under `streamlit run`
-
-
-def run_page(page: str, **state) -> AppTest:
-    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S)
-    for key, value in state.items():
-        at.session_state[key] = value
-    at.switch_page(page).run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert not [e.value for e in at.error], [e.value for e in at.error]
-    return at
+    app_test_env(monkeypatch)
 
 
 def chart_titles(at: AppTest) -> list[str]:

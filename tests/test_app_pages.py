@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from streamlit.testing.v1 import AppTest
 
-REPO = Path(__file__).resolve().parents[1]
-APP = REPO / "app" / "streamlit_app.py"
+from moeviz.testing.app_server import app_test_env
+from moeviz.testing.app_server import run_page as run_app_page
+
 PAGES = [
     "pages/routing.py",
     "pages/load.py",
@@ -18,27 +17,15 @@ PAGES = [
     "pages/about.py",
 ]
 MODELS = ["sample:mixtral-healthy", "sample:deepseek-v3-bias"]
-TIMEOUT_S = 60
 
 
 @pytest.fixture(autouse=True)
 def _app_env(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.delenv("MOEVIZ_MODEL_DIRS", raising=False)
-    monkeypatch.delenv("MOEVIZ_DEFAULT_MODEL", raising=False)
-    monkeypatch.syspath_prepend(str(REPO / "app"))  # pages `import state`, as under `streamlit run`
+    app_test_env(monkeypatch)
 
 
 def run_page(page: str, model: str, **state) -> AppTest:
-    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S)
-    at.session_state["model"] = model
-    for key, value in state.items():
-        at.session_state[key] = value
-    at.switch_page(page).run()
-    assert not at.exception, [e.value for e in at.exception]
-    errors = [e.value for e in at.error]
-    assert not errors, errors
-    return at
+    return run_app_page(page, model=model, **state)
 
 
 def chart_data(at: AppTest, title: str) -> list[dict]:

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from streamlit.testing.v1 import AppTest
 
-REPO = Path(__file__).resolve().parents[1]
-APP = REPO / "app" / "streamlit_app.py"
+from moeviz.testing.app_server import APP, app_test_env
 
 
 @pytest.fixture(autouse=True)
 def _app_env(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.delenv("MOEVIZ_MODEL_DIRS", raising=False)
-    monkeypatch.delenv("MOEVIZ_DEFAULT_MODEL", raising=False)
-    monkeypatch.syspath_prepend(str(REPO / "app"))
+    app_test_env(monkeypatch)
 
 
 def _ok(at: AppTest) -> None:
