@@ -83,16 +83,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["app"] and not {"-h", "--help"} & set(argv[1:2]):
         return run_app(argv[1:])  # everything after `app` belongs to Streamlit, flags included
-    if argv[:1] == ["report"] and any(a == "--checkpoints" or a.startswith("--checkpoints=") for a in argv):
-        from moeviz.store.cli import run_checkpoint_report
-
-        try:
-            return run_checkpoint_report(argv[1:])
-        except MoevizError as exc:
-            print(f"moeviz: error: {exc}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-    args = build_parser().parse_args(argv)
+    checkpoints = any(a == "--checkpoints" or a.startswith("--checkpoints=") for a in argv)
     try:
+        if argv[:1] == ["report"] and checkpoints:
+            from moeviz.store.cli import run_checkpoint_report
+
+            return run_checkpoint_report(argv[1:])  # its own parser: no --model, store flags
+        args = build_parser().parse_args(argv)
         if args.command == "trace":
             from moeviz.store.cli import run_trace
 

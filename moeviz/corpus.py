@@ -21,16 +21,24 @@ class Document:
     text: str
 
 
+def corpus_files(folder: Path) -> list[tuple[str, Path]]:
+    """(domain, path) of every `.txt` file under `folder` (the layout rule above), sorted by domain, then
+    path."""
+    files = []
+    for path in folder.rglob("*.txt"):
+        relative = path.relative_to(folder)
+        domain = relative.parts[0] if len(relative.parts) > 1 else re.sub(r"[_-]\d+$", "", path.stem)
+        files.append((domain, path))
+    return sorted(files, key=lambda item: (item[0], str(item[1])))
+
+
 def read_corpus(folder: str | Path) -> list[Document]:
     """All non-empty `.txt` documents under `folder`, in a stable order (domain, then file name)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise InputError(f"corpus folder {folder} does not exist")
     docs = []
-    for path in sorted(folder.rglob("*.txt")):
-        relative = path.relative_to(folder)
-        nested = len(relative.parts) > 1
-        domain = relative.parts[0] if nested else re.sub(r"[_-]\d+$", "", path.stem)
+    for domain, path in corpus_files(folder):
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
@@ -39,7 +47,7 @@ def read_corpus(folder: str | Path) -> list[Document]:
             docs.append(Document(domain, path, text))
     if not docs:
         raise InputError(f"corpus folder {folder} holds no non-empty .txt file")
-    return sorted(docs, key=lambda d: (d.domain, str(d.path)))
+    return docs
 
 
 def chunk_token_ids(ids: list[int], length: int, max_chunks: int | None = None) -> list[list[int]]:
