@@ -123,13 +123,22 @@ def shown_load(page: Page) -> list[tuple[int, int]]:
     return sorted((int(m["expert"]), int(m["count"])) for m in bars if m)
 
 
+def assert_no_error(page: Page) -> None:
+    errors = page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]')
+    assert errors.count() == 0, f"the page shows an error:\n{errors.first.inner_text()}"
+
+
+def wait_for_heading(page: Page, text: str) -> None:
+    """Wait until the page's title (h1) contains `text`: the page switched."""
+    page.get_by_role("heading", level=1).filter(has_text=text).wait_for(timeout=RENDER_TIMEOUT_S * 1000)
+
+
 def wait_until_shown(page: Page, read, expected):
     """Poll what the page shows (Streamlit reruns and redraws asynchronously) until it equals `expected`,
     or RENDER_TIMEOUT_S passes; returns what was last shown."""
     deadline = time.monotonic() + RENDER_TIMEOUT_S
     while True:
-        errors = page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]')
-        assert errors.count() == 0, f"the page shows an error:\n{errors.first.inner_text()}"
+        assert_no_error(page)
         shown = read(page)
         if shown == expected or time.monotonic() > deadline:
             return shown
@@ -273,9 +282,7 @@ def test_clicking_a_cell_opens_its_token(app_url: str, browser: Browser, loaded)
         save_screenshot(page, "token_drilldown", page.locator(".st-key-drilldown"))
         # "Why this expert?" from the drill-down opens on the same token.
         page.get_by_role("link", name="Why this expert? Attribution").click()
-        page.get_by_role("heading", level=1).filter(has_text="Why this expert").wait_for(
-            timeout=RENDER_TIMEOUT_S * 1000
-        )
+        wait_for_heading(page, "Why this expert")
         page.get_by_role("button", name="Explain").click()
         position = int(tokens["pos"].iloc[5])
         page.get_by_text(f"position {position}", exact=False).first.wait_for(timeout=RENDER_TIMEOUT_S * 1000)
@@ -296,16 +303,13 @@ def test_pages_render_and_a_csv_download_matches_the_library(app_url: str, brows
         trace = moeviz.capture(loaded, example)
         for title, (name, key) in PAGES.items():
             page.get_by_role("link", name=title).click()
-            page.get_by_role("heading", level=1).filter(has_text=title.split(" ")[0]).wait_for(
-                timeout=RENDER_TIMEOUT_S * 1000
-            )
+            wait_for_heading(page, title.split(" ")[0])
             if key is not None:
                 page.locator(f'.st-key-{key} [aria-roledescription$="mark"]').first.wait_for(
                     timeout=RENDER_TIMEOUT_S * 1000
                 )
             wait_until_idle(page)
-            errors = page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]')
-            assert errors.count() == 0, errors.first.inner_text()
+            assert_no_error(page)
             if name == "load":
                 assert _marks(page, "load_heatmap") == len(trace.layer_keys) * 8
                 with page.expect_download() as download:
@@ -368,9 +372,7 @@ def test_attention_page_shows_the_head_grid_and_a_clicked_head(
         example = page.locator(".st-key-routing_prompt textarea").input_value()
         att = moeviz.capture(loaded, example, attention=True).attention
         page.get_by_role("link", name="Attention").click()
-        page.get_by_role("heading", level=1).filter(has_text="Attention").wait_for(
-            timeout=RENDER_TIMEOUT_S * 1000
-        )
+        wait_for_heading(page, "Attention")
         grid = '.st-key-heads_mean_entropy [aria-roledescription="rect mark"]'
         expected = sorted((layer, head) for layer in att.map_layers for head in range(4))
 
@@ -393,8 +395,7 @@ def test_attention_page_shows_the_head_grid_and_a_clicked_head(
             page.wait_for_timeout(250)
         assert "Layer 2, head 1" in (title.text_content() or ""), "clicking a head did not open its map"
         wait_until_idle(page)
-        errors = page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]')
-        assert errors.count() == 0, errors.first.inner_text()
+        assert_no_error(page)
         page.locator(".st-key-heads_mean_entropy").scroll_into_view_if_needed()
         save_screenshot(page, "attention")
         save_screenshot(page, "attention_map", page.locator(".st-key-attention_map"))
@@ -409,9 +410,7 @@ def test_why_page_runs_a_what_if_and_an_attribution(app_url: str, browser: Brows
     try:
         example = page.locator(".st-key-routing_prompt textarea").input_value()
         page.get_by_role("link", name="Why this expert?", exact=True).click()
-        page.get_by_role("heading", level=1).filter(has_text="Why this expert").wait_for(
-            timeout=RENDER_TIMEOUT_S * 1000
-        )
+        wait_for_heading(page, "Why this expert")
         page.get_by_role("button", name="Run what-if").click()
         page.get_by_text("Predicted next token").wait_for(timeout=RENDER_TIMEOUT_S * 1000)
         label = page.get_by_text("after the prompt").first.text_content() or ""
