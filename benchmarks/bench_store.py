@@ -19,7 +19,7 @@ from bench_capture_overhead import mid_size_mixtral
 import moeviz
 from moeviz.samples import eval_dir
 from moeviz.store import StoreQuery, TraceSettings, iter_batches, trace_corpus
-from moeviz.store.layout import append_manifest, init_store, run_dir
+from moeviz.store.layout import append_manifest
 from moeviz.store.schema import store_schema
 from moeviz.store.writer import finish_run, prepare_run
 
@@ -63,7 +63,6 @@ def throughput(loaded, store: Path, num_batches: int = BATCHES) -> None:
 
 def aggregation(root: Path, rows: int = 10_000_000) -> None:
     rng = np.random.default_rng(0)
-    init_store(root)
     folder, _ = prepare_run(root, "synthetic", "final", {"source": "synthetic"}, resume=False)
     per_part = 1_000_000
     for i in range(rows // per_part):
@@ -93,7 +92,7 @@ def aggregation(root: Path, rows: int = 10_000_000) -> None:
         size = (folder / name).stat().st_size
         entry = {"batch": i, "file": name, "rows": n, "bytes": size, "tokens": n // 16, "token_hash": ""}
         append_manifest(folder / "manifest.jsonl", entry)
-    finish_run(run_dir(root, "synthetic", "final"), rows // per_part)
+    finish_run(folder, rows // per_part)
     start = time.perf_counter()
     query = StoreQuery(root)
     frame = query.sql("SELECT layer, expert, count(*) AS n FROM rows WHERE expert >= 0 GROUP BY ALL")

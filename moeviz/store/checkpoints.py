@@ -230,11 +230,18 @@ def _drift(query: StoreQuery, names: list[str]) -> pd.DataFrame:
         """
     )
     meta = query.layer_meta()
+    # each frame split once, not filtered again for every (checkpoint, site, layer)
+    by_layer = {(site, int(layer)): g for (site, layer), g in loads.groupby(["site", "layer"], sort=False)}
+    kept_by = {
+        (c, site, int(layer)): g.set_index("expert")["kept"]
+        for (c, site, layer), g in kept.groupby(["checkpoint", "site", "layer"], sort=False)
+    }
+    nothing_kept = pd.Series(dtype=np.int64)
     parts = []
     for cur, prev in zip(names[1:], names[:-1], strict=True):
         for (site, layer), _ in loads[loads["checkpoint"] == cur].groupby(["site", "layer"]):
             info = meta.get((query.runs[0].model, cur, site, int(layer)))
-            here = loads[(loads["site"] == site) & (loads["layer"] == layer)]
+            here = by_layer[(site, int(layer))]
             e = int(info["num_experts"]) if info else int(here["expert"].max()) + 1
             grid = pd.DataFrame(
                 {"checkpoint": cur, "site": site, "layer": int(layer), "expert": np.arange(e)}
@@ -242,8 +249,8 @@ def _drift(query: StoreQuery, names: list[str]) -> pd.DataFrame:
             for label, name in (("load_prev", prev), ("load", cur)):
                 counts = here[here["checkpoint"] == name].set_index("expert")["n"]
                 grid[label] = grid["expert"].map(counts).fillna(0).astype(np.int64)
-            k = kept[(kept["checkpoint"] == cur) & (kept["site"] == site) & (kept["layer"] == layer)]
-            grid["kept"] = grid["expert"].map(k.set_index("expert")["kept"]).fillna(0).astype(np.int64)
+            k = kept_by.get((cur, site, int(layer)), nothing_kept)
+            grid["kept"] = grid["expert"].map(k).fillna(0).astype(np.int64)
             parts.append(grid)
     if not parts:
         return pd.DataFrame()

@@ -147,64 +147,36 @@ def run_trace(args: argparse.Namespace) -> int:
     if args.offload_folder is not None and args.device_map is None:
         raise InputError("--offload-folder needs --device-map (which modules go to 'disk')")
     hf_logging.disable_progress_bar()
-    progress = not args.quiet
     series = _is_series(args.model)
     if series and args.checkpoint:
         raise InputError("--checkpoint labels one model; a series takes its labels from the folders")
+    # what every path takes; a single model also takes its checkpoint label
+    common = {"model": args.label, "settings": settings, "resume": args.resume, "progress": not args.quiet}
+    checkpoint = args.checkpoint or "final"
     try:
         if ray is not None:
             from moeviz.store.distributed import trace_corpus_ray, trace_series_ray
 
             if series:
-                trace_series_ray(
-                    args.model,
-                    args.corpus,
-                    args.out,
-                    model=args.label,
-                    settings=settings,
-                    resume=args.resume,
-                    progress=progress,
-                    options=ray,
-                    **placement,
-                )
+                trace_series_ray(args.model, args.corpus, args.out, options=ray, **placement, **common)
             else:
                 trace_corpus_ray(
                     args.model,
                     args.corpus,
                     args.out,
-                    model=args.label,
-                    checkpoint=args.checkpoint or "final",
-                    settings=settings,
-                    resume=args.resume,
-                    progress=progress,
+                    checkpoint=checkpoint,
                     options=ray,
                     trust_remote_code=args.trust_remote_code,
                     **placement,
+                    **common,
                 )
         elif series:
             if args.device_map is not None:
                 raise InputError("--device-map with a checkpoint series needs --ray")
-            trace_series(
-                args.model,
-                args.corpus,
-                args.out,
-                model=args.label,
-                settings=settings,
-                resume=args.resume,
-                progress=progress,
-            )
+            trace_series(args.model, args.corpus, args.out, **common)
         else:
             loaded = moeviz.load_model(args.model, trust_remote_code=args.trust_remote_code, **placement)
-            trace_corpus(
-                loaded,
-                args.corpus,
-                args.out,
-                model=args.label,
-                checkpoint=args.checkpoint or "final",
-                settings=settings,
-                resume=args.resume,
-                progress=progress,
-            )
+            trace_corpus(loaded, args.corpus, args.out, checkpoint=checkpoint, **common)
     except KeyboardInterrupt:
         print(
             "moeviz: interrupted; every completed batch is saved. "

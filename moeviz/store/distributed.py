@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from moeviz.errors import InputError, MoevizError
-from moeviz.store.layout import MANIFEST_FILE, RunInfo, StoreError, append_manifest, list_runs
+from moeviz.store.layout import MANIFEST_FILE, RunInfo, StoreError, append_manifest
 from moeviz.store.plan import Batch
 from moeviz.store.writer import (
     TraceSettings,
@@ -219,8 +219,7 @@ def trace_corpus_ray(
         finally:
             for worker in workers:  # frees the model on every node before the next checkpoint loads
                 ray.kill(worker)
-    finish_run(folder, total, layers)
-    return next(r for r in list_runs(store) if r.model == model and r.checkpoint == checkpoint)
+    return finish_run(folder, total, layers)
 
 
 def _dispatch(

@@ -176,17 +176,20 @@ def list_runs(root: Path) -> list[RunInfo]:
     """Every run in the store, ordered by model, then checkpoint index, then checkpoint label."""
     root = Path(root)
     check_store_marker(root)
-    runs = []
-    for run_json in sorted(root.glob(f"model=*/checkpoint=*/{RUN_FILE}")):
-        folder = run_json.parent
-        try:
-            config = json.loads(run_json.read_text())
-        except json.JSONDecodeError as exc:
-            raise StoreError(f"{run_json} is not valid JSON: {exc}") from exc
-        model = folder.parent.name.removeprefix("model=")
-        checkpoint = folder.name.removeprefix("checkpoint=")
-        runs.append(RunInfo(model, checkpoint, folder, config, read_manifest(folder / MANIFEST_FILE)))
+    runs = [read_run(run_json.parent) for run_json in sorted(root.glob(f"model=*/checkpoint=*/{RUN_FILE}"))]
     return sorted(runs, key=lambda r: (r.model, r.checkpoint_index, r.checkpoint))
+
+
+def read_run(folder: Path) -> RunInfo:
+    """The run in `folder` (`run_dir(store, model, checkpoint)`): its run.json and completed parts."""
+    run_json = folder / RUN_FILE
+    try:
+        config = json.loads(run_json.read_text())
+    except json.JSONDecodeError as exc:
+        raise StoreError(f"{run_json} is not valid JSON: {exc}") from exc
+    model = folder.parent.name.removeprefix("model=")
+    checkpoint = folder.name.removeprefix("checkpoint=")
+    return RunInfo(model, checkpoint, folder, config, read_manifest(folder / MANIFEST_FILE))
 
 
 def validate_store(root: Path, check_schema: bool = True) -> list[str]:

@@ -21,6 +21,8 @@ from moeviz.analysis.losses import bias_stats
 from moeviz.store.layout import RunInfo, StoreError, list_runs, validate_store
 
 RUN_KEYS = ["model", "checkpoint"]
+# the balance indicators `collapse` reports next to the verdict
+COLLAPSE_INDICATORS = ["max_share", "dead_fraction", "load_entropy", "z_loss"]
 
 
 def _as_list(value: str | int | Sequence | None) -> list | None:
@@ -103,11 +105,16 @@ class StoreQuery:
                 meta[(run.model, run.checkpoint, info["site"], int(info["layer"]))] = info
         return meta
 
-    def checkpoint_order(self) -> dict[tuple[str, str], int]:
-        return {(r.model, r.checkpoint): r.checkpoint_index for r in self.runs}
-
     # ---- load and balance ------------------------------------------------------------------------------
-    def _counts(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+    @staticmethod
+    def _num_experts(info: dict[str, Any] | None, per_expert: pd.DataFrame) -> int:
+        if info is not None:
+            return int(info["num_experts"])
+        return int(per_expert["expert"].max()) + 1 if len(per_expert) else 0
+
+    def _layer_counts(self) -> list[tuple[Any, tuple[str, str, str, int], np.ndarray]]:
+        """Per (model, checkpoint, site, layer): (its row — tokens, dropped, top_k, z_loss —, the key,
+        tokens per expert [E] with the experts that got no token included)."""
         per_expert = self.sql(
             "SELECT model, checkpoint, site, layer, expert, count(*) AS count FROM rows WHERE expert >= 0 "
             "GROUP BY ALL"
@@ -117,34 +124,27 @@ class StoreQuery:
             "count(*) FILTER (WHERE expert < 0) AS dropped, max(rank) + 1 AS top_k, "
             "avg(CAST(lse AS DOUBLE) * lse) FILTER (WHERE rank = 0) AS z_loss FROM rows GROUP BY ALL"
         )
-        return per_expert, per_layer
-
-    def _num_experts(self, key: tuple[str, str, str, int], per_expert: pd.DataFrame) -> int:
-        info = self.layer_meta().get(key)
-        if info is not None:
-            return int(info["num_experts"])
-        return int(per_expert["expert"].max()) + 1 if len(per_expert) else 0
-
-    def _layer_counts(self, row, per_expert: pd.DataFrame) -> tuple[tuple, np.ndarray]:
-        """(run/layer key, tokens per expert [E]) of one per-layer row, experts with no token included."""
-        key = (row.model, row.checkpoint, row.site, int(row.layer))
-        sel = per_expert[
-            (per_expert.model == row.model)
-            & (per_expert.checkpoint == row.checkpoint)
-            & (per_expert.site == row.site)
-            & (per_expert.layer == row.layer)
-        ]
-        counts = np.zeros(self._num_experts(key, sel), np.int64)
-        counts[sel["expert"].to_numpy()] = sel["count"].to_numpy()
-        return key, counts
+        groups = {
+            (model, checkpoint, site, int(layer)): group
+            for (model, checkpoint, site, layer), group in per_expert.groupby(
+                [*RUN_KEYS, "site", "layer"], sort=False
+            )
+        }
+        meta = self.layer_meta()
+        out = []
+        for row in per_layer.itertuples(index=False):
+            key = (row.model, row.checkpoint, row.site, int(row.layer))
+            sel = groups.get(key, per_expert.iloc[:0])
+            counts = np.zeros(self._num_experts(meta.get(key), sel), np.int64)
+            counts[sel["expert"].to_numpy()] = sel["count"].to_numpy()
+            out.append((row, key, counts))
+        return out
 
     def expert_load(self) -> pd.DataFrame:
         """Per (model, checkpoint, site, layer, expert): count, share (of dispatched slots), utilisation
         (count / fair share) — as `expert_load_frame`, experts with no token included."""
-        per_expert, per_layer = self._counts()
         parts = []
-        for row in per_layer.itertuples(index=False):
-            _, counts = self._layer_counts(row, per_expert)
+        for row, _, counts in self._layer_counts():
             e = len(counts)
             total = counts.sum()
             parts.append(
@@ -170,11 +170,9 @@ class StoreQuery:
         return _sorted(pd.DataFrame(records), [])[[*RUN_KEYS, *BALANCE_COLUMNS, "z_loss"]]
 
     def _balance_records(self, devices: int | None = None) -> list[tuple[dict[str, Any], Any]]:
-        per_expert, per_layer = self._counts()
         meta = self.layer_meta()
         rows = []
-        for row in per_layer.itertuples(index=False):
-            key, counts = self._layer_counts(row, per_expert)
+        for row, key, counts in self._layer_counts():
             e = len(counts)
             k = int(meta.get(key, {}).get("k", row.top_k))
             stats = balance_from_counts(counts, int(row.tokens), k, int(row.dropped), devices)
@@ -216,29 +214,22 @@ class StoreQuery:
         meta = self.layer_meta()
         rows = []
         for record, stats in self._balance_records():
-            row = pd.Series(record)
-            key = (row.model, row.checkpoint, row.site, int(row.layer))
+            key = (record["model"], record["checkpoint"], record["site"], record["layer"])
             bias = meta.get(key, {}).get("bias")
             verdict: LayerVerdict = judge_layer(
-                int(row.layer),
-                row.site,
+                record["layer"],
+                record["site"],
                 stats,
-                float(row.z_loss),
+                record["z_loss"],
                 bias_stats(None if bias is None else np.asarray(bias, np.float32)),
                 thresholds,
             )
             rows.append(
                 {
-                    "model": row.model,
-                    "checkpoint": row.checkpoint,
-                    "layer": row.layer,
-                    "site": row.site,
+                    **{name: record[name] for name in (*RUN_KEYS, "layer", "site")},
                     "verdict": str(verdict.verdict),
                     "reasons": "; ".join(verdict.reasons),
-                    "max_share": row.max_share,
-                    "dead_fraction": row.dead_fraction,
-                    "load_entropy": row.load_entropy,
-                    "z_loss": row.z_loss,
+                    **{name: record[name] for name in COLLAPSE_INDICATORS},
                 }
             )
         return _sorted(pd.DataFrame(rows), [])
@@ -260,7 +251,7 @@ class StoreQuery:
         keys = [*RUN_KEYS, "site", "layer"]
         parts = []
         for key, group in sizes.groupby(keys, sort=True):
-            e = self._num_experts(tuple(key), hits.iloc[:0])
+            e = self._num_experts(meta.get(tuple(key)), hits.iloc[:0])
             k = int(meta.get(tuple(key), {}).get("k", 1))
             grid = pd.MultiIndex.from_product(
                 [sorted(group["domain"]), range(e)], names=["domain", "expert"]

@@ -25,13 +25,13 @@ from moeviz.store.layout import (
     atomic_write_bytes,
     check_label,
     init_store,
-    list_runs,
     part_name,
     read_manifest,
+    read_run,
     run_dir,
     slug,
 )
-from moeviz.store.plan import Batch, corpus_fingerprint, iter_batches
+from moeviz.store.plan import Batch, corpus_fingerprint, iter_batches, token_hash
 from moeviz.store.schema import trace_table
 
 # settings that must match for --resume to continue a run (anything else would mix two different runs)
@@ -111,14 +111,16 @@ def prepare_run(
     return folder, read_manifest(folder / MANIFEST_FILE)
 
 
-def finish_run(folder: Path, total_batches: int, layers: list[dict[str, Any]] | None = None) -> None:
-    """Record the plan's length (the run is complete once every batch is in the manifest) and the layers."""
+def finish_run(folder: Path, total_batches: int, layers: list[dict[str, Any]] | None = None) -> RunInfo:
+    """Record the plan's length (the run is complete once every batch is in the manifest) and the layers;
+    returns the run."""
     run_file = folder / RUN_FILE
     config = json.loads(run_file.read_text())
     config["total_batches"] = total_batches
     if layers is not None:
         config["layers"] = layers
     atomic_write_bytes(run_file, json.dumps(config, indent=1, sort_keys=True).encode())
+    return read_run(folder)
 
 
 def layer_info(trace) -> list[dict[str, Any]]:
@@ -307,11 +309,11 @@ def trace_corpus(
     finally:
         bar.close()
         writer.close()  # drains: every queued batch is complete, so writing it is correct
-    finish_run(folder, total, layers)
+    run = finish_run(folder, total, layers)
     if progress:
         elapsed = time.perf_counter() - started
         print(f"traced {model}/{checkpoint}: {total} batches in {elapsed:.1f}s", file=sys.stderr)
-    return next(r for r in list_runs(store) if r.model == model and r.checkpoint == checkpoint)
+    return run
 
 
 def write_trace(
@@ -327,8 +329,6 @@ def write_trace(
     """Write an in-memory `Trace` as a complete one-batch run (synthetic series, tests, the app).
 
     `seq_domains[i]`: domain of trace sequence i (default ""); documents are numbered by sequence."""
-    from moeviz.store.plan import token_hash
-
     num_seqs = int(trace.tokens["seq"].max()) + 1 if len(trace.tokens) else 0
     domains = list(seq_domains) if seq_domains is not None else [""] * num_seqs
     ids = [
@@ -359,5 +359,4 @@ def write_trace(
         seq_domains=domains,
     )
     append_manifest(folder / MANIFEST_FILE, write_part(folder, batch, table))
-    finish_run(folder, 1, layer_info(trace))
-    return next(r for r in list_runs(Path(store)) if r.model == model and r.checkpoint == checkpoint)
+    return finish_run(folder, 1, layer_info(trace))
