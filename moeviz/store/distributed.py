@@ -165,13 +165,7 @@ def trace_corpus_ray(
     `source` is what `moeviz.load_model` takes (a folder every worker can read, or `sample:NAME`);
     `device_map` / `offload_folder` go to it (GPU workers default to `device_map="auto"`). Returns the run,
     row for row the one `trace_corpus` writes on the same device type."""
-    from moeviz.models.loading import (
-        SAMPLE_PREFIX,
-        _load_config,
-        _load_tokenizer,
-        _max_length,
-        resolve_source,
-    )
+    from moeviz.models.loading import SAMPLE_PREFIX, read_source
 
     ray = require_ray()
     options = options or RayOptions()
@@ -180,14 +174,10 @@ def trace_corpus_ray(
     model = model or default_label(source)
     # the driver reads what run.json records (and the tokenizer for the plan) as load_model does, so a
     # refused resume fails here, before every worker has loaded the model
-    model_folder = resolve_source(source)
-    tokenizer = _load_tokenizer(model_folder, trust_remote_code)
-    if tokenizer is None:
+    info = read_source(source, trust_remote_code=trust_remote_code)
+    if info.tokenizer is None:
         raise StoreError("tracing a corpus needs a model with a tokenizer")
-    hf_config = _load_config(model_folder, trust_remote_code)
-    config = run_config(
-        source, str(hf_config.model_type), _max_length(hf_config), corpus, settings, checkpoint_index
-    )
+    config = run_config(source, info.model_type, info.max_length, corpus, settings, checkpoint_index)
     check_run(store, model, checkpoint, config, resume)
     if device_map is None and options.gpus_per_worker > 0:
         device_map = "auto"  # Ray hands each actor its GPUs; without a map the model would stay on CPU
@@ -204,7 +194,7 @@ def trace_corpus_ray(
         workers = _start_workers(ray, load_source, options, load_kwargs)
         try:
             folder, done = prepare_run(store, model, checkpoint, config, resume)
-            batches = plan_batches(corpus, tokenizer, config, settings)
+            batches = plan_batches(corpus, info.tokenizer, config, settings)
             total, layers = _dispatch(
                 ray,
                 workers,

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from moeviz.corpus import chunk_token_ids
+from moeviz.corpus import chunk_token_ids, corpus_files
 from moeviz.errors import InputError
 
 
@@ -57,20 +56,11 @@ def token_hash(token_ids: list[list[int]]) -> str:
     return h.hexdigest()
 
 
-def _corpus_files(folder: Path) -> list[tuple[str, Path]]:
-    files = []
-    for path in sorted(folder.rglob("*.txt")):
-        relative = path.relative_to(folder)
-        domain = relative.parts[0] if len(relative.parts) > 1 else re.sub(r"[_-]\d+$", "", path.stem)
-        files.append((domain, path))
-    return sorted(files, key=lambda item: (item[0], str(item[1])))
-
-
 def check_corpus(path: str | Path) -> Path:
     """Fail early (InputError) on a corpus that cannot be read, before any model is loaded."""
     path = Path(path)
     if path.is_dir():
-        if not _corpus_files(path):
+        if not corpus_files(path):
             raise InputError(f"corpus folder {path} holds no .txt file")
     elif path.is_file():
         if path.suffix not in (".jsonl", ".json", ".ndjson"):
@@ -84,7 +74,7 @@ def corpus_fingerprint(path: str | Path) -> dict:
     """Cheap identity of the corpus (names and sizes of its files) recorded with a run."""
     path = check_corpus(path)
     if path.is_dir():
-        files = _corpus_files(path)
+        files = corpus_files(path)
         listing = [(d, str(p.relative_to(path)), p.stat().st_size) for d, p in files]
     else:
         listing = [("", path.name, path.stat().st_size)]
@@ -102,7 +92,7 @@ def iter_documents(path: str | Path) -> Iterator[CorpusDoc]:
     path = check_corpus(path)
     index = 0
     if path.is_dir():
-        for domain, file in _corpus_files(path):
+        for domain, file in corpus_files(path):
             try:
                 text = file.read_text(encoding="utf-8")
             except UnicodeDecodeError as exc:

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from moeviz.analysis.collapse import CollapseThresholds, LayerVerdict, judge_layer
-from moeviz.analysis.load import BALANCE_COLUMNS, balance_from_counts
+from moeviz.analysis.load import BALANCE_COLUMNS, balance_from_counts, balance_record
 from moeviz.analysis.losses import bias_stats
 from moeviz.store.layout import RunInfo, StoreError, list_runs, validate_store
 
@@ -173,39 +173,11 @@ class StoreQuery:
         meta = self.layer_meta()
         rows = []
         for row, key, counts in self._layer_counts():
-            e = len(counts)
             k = int(meta.get(key, {}).get("k", row.top_k))
             stats = balance_from_counts(counts, int(row.tokens), k, int(row.dropped), devices)
-            rows.append(
-                (
-                    {
-                        "model": row.model,
-                        "checkpoint": row.checkpoint,
-                        "layer": int(row.layer),
-                        "site": row.site,
-                        "tokens": stats.tokens,
-                        "experts": e,
-                        "top_k": k,
-                        "dropped": stats.dropped,
-                        "dropped_fraction": stats.dropped_fraction,
-                        "max_vio": stats.max_vio,
-                        "cv": stats.cv,
-                        "gini": stats.gini,
-                        "jain": stats.jain,
-                        "load_entropy": stats.load_entropy,
-                        "effective_experts": stats.effective_experts,
-                        "max_share": stats.max_share,
-                        "dead_experts": stats.dead_experts,
-                        "dead_fraction": stats.dead_fraction,
-                        "min_utilisation": float(np.min(stats.utilisation)) if e else float("nan"),
-                        "max_utilisation": float(np.max(stats.utilisation)) if e else float("nan"),
-                        "devices": devices,
-                        "ep_balancedness": stats.ep_balancedness,
-                        "z_loss": float(row.z_loss),
-                    },
-                    stats,
-                )
-            )
+            record = {"model": row.model, "checkpoint": row.checkpoint}
+            record |= balance_record(int(row.layer), row.site, stats)
+            rows.append(({**record, "z_loss": float(row.z_loss)}, stats))
         return rows
 
     def collapse(self, thresholds: CollapseThresholds | None = None) -> pd.DataFrame:
