@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from moeviz.testing.app_server import app_test_env
-from moeviz.testing.app_server import run_page as run_app_page
+from tests.app_helpers import app_test_env
+from tests.app_helpers import run_page as run_app_page
 
 PAGES = [
     "pages/routing.py",

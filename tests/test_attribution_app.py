@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from moeviz.testing.app_server import APP, app_test_env
+from tests.app_helpers import APP, app_test_env
 
 
 @pytest.fixture(autouse=True)

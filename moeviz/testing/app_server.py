@@ -1,5 +1,5 @@
 """Start the Streamlit app on a free port and drive it with Debian's Chromium: shared by the browser tests
-and the in-browser benchmark; and the set-up of the in-process page tests (Streamlit AppTest)."""
+and the in-browser benchmark."""
 
 from __future__ import annotations
 
@@ -13,16 +13,10 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from moeviz.cli import APP_FLAGS
 
-if TYPE_CHECKING:
-    import pytest
-    from streamlit.testing.v1 import AppTest
-
 REPO = Path(__file__).resolve().parents[2]
-APP = REPO / "app" / "streamlit_app.py"
 CHROMIUM = Path("/usr/bin/chromium")
 # Without the background-networking flags Chromium keeps calling home on a closed network.
 CHROMIUM_ARGS = [
@@ -87,27 +81,3 @@ def _wait_healthy(url: str, server: subprocess.Popen, log, timeout_s: float) -> 
         time.sleep(0.3)
     log.seek(0)
     raise AppDidNotStart(f"streamlit not healthy after {timeout_s}s:\n{log.read()[-4000:]}")
-
-
-def app_test_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The environment of an in-process page test: offline, no folder limits and no default model set,
-    and `app/` importable as under `streamlit run` (pages `import state`)."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for name in ("MOEVIZ_MODEL_DIRS", "MOEVIZ_DEFAULT_MODEL", "MOEVIZ_STORE_DIRS"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.syspath_prepend(str(REPO / "app"))
-
-
-def run_page(page: str, timeout_s: float = 60, **state) -> AppTest:
-    """Run the app's `page` (Streamlit AppTest) with `state` set in its session first; asserts that it
-    raised no exception and showed no error."""
-    from streamlit.testing.v1 import AppTest
-
-    at = AppTest.from_file(str(APP), default_timeout=timeout_s)
-    for key, value in state.items():
-        at.session_state[key] = value
-    at.switch_page(page).run()
-    assert not at.exception, [e.value for e in at.exception]
-    errors = [e.value for e in at.error]
-    assert not errors, errors
-    return at
