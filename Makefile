@@ -37,6 +37,7 @@ samples: setup
 test: setup chromium
 	$(VENV)/bin/ruff check moeviz app tests scripts benchmarks
 	$(VENV)/bin/ruff format --check moeviz app tests scripts benchmarks
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 lint: setup

@@ -1,6 +1,10 @@
 """moeviz app entry point: `streamlit run app/streamlit_app.py`."""
 
+import os
+
 import streamlit as st
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the app never downloads (importing moeviz sets nothing)
 
 st.set_page_config(page_title="moeviz", page_icon="🔬", layout="wide")
 

@@ -19,15 +19,19 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 from playwright.sync_api import Page, sync_playwright
 
 import moeviz
 from moeviz.capture.routing import token_batch
 from moeviz.samples import eval_batch
-from moeviz.testing.app_server import CHROMIUM, CHROMIUM_ARGS, running_app
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the launcher lives with the tests
+from tests.app_server import CHROMIUM, CHROMIUM_ARGS, running_app
 
 MODEL = "sample:mixtral-healthy"
 TIMEOUT_MS = 300_000  # the 32k-token forward alone takes about a minute here

@@ -1,72 +1,107 @@
-"""The `moeviz` command: capture routing from the shell, and start the app.
+"""The `moeviz` command: capture routing from the shell, judge it, trace corpora, and start the app.
 
-Exit codes: 0 success, 2 bad flags or bad input (nothing written), 1 unexpected failure.
+One argparse tree: `capture`, `report` (one model, or with --checkpoints a training run's timeline),
+`trace` (moeviz.store.cli) and `app`. Exit codes: 0 success, 2 bad flags or bad input (nothing written),
+3 `report --fail-on` verdict reached, 1 unexpected failure.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from moeviz.cli_flags import (
+    CORPUS_HELP,
+    add_batching_flags,
+    add_model_flags,
+    add_placement_flags,
+    load_kwargs,
+    load_progress,
+    placement_kwargs,
+)
 from moeviz.errors import InputError, MoevizError
 
 EXIT_BAD_INPUT = 2
 EXIT_VERDICT = 3  # `report --fail-on`: the routing verdict reached the given level
-APP_SCRIPT = Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py"
+REPORT_CHUNK_TOKENS = 512  # report --corpus and report --checkpoints: tokens per sequence
+REPORT_MAX_CHUNKS = 64  # report --corpus: sequences per domain
 # Streamlit runs a full gc.collect(2) after every script run; with torch and transformers loaded that adds
 # 0.2-0.4 s to every click (Python's generational collector still runs on its own). Uploads are prompt
 # files: 1 MB is far beyond any context (the app checks the size again).
 APP_FLAGS = ("--runner.postScriptGC", "false", "--server.maxUploadSize", "1")
 
 
-def _add_model_and_input(command: argparse.ArgumentParser, corpus: bool = False) -> None:
-    """--model, --trust-remote-code and the mutually exclusive inputs shared by capture and report."""
-    command.add_argument("--model", required=True, help="local Hugging Face folder or sample:NAME")
-    command.add_argument(
-        "--trust-remote-code", action="store_true", help="run modelling code shipped in the folder"
-    )
+def _add_inputs(command: argparse.ArgumentParser, corpus: bool = False) -> None:
+    """The mutually exclusive inputs shared by capture and report (report also takes --corpus)."""
     source = command.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="input text")
     source.add_argument("--text-file", type=Path, help="file whose text is the input")
     source.add_argument("--token-ids", help="comma-separated token ids, for models without a tokenizer")
     if corpus:
-        source.add_argument(
-            "--corpus", type=Path, help="folder with one sub-folder (or file name) per domain"
-        )
+        source.add_argument("--corpus", type=Path, help=CORPUS_HELP)
+
+
+def package_version() -> str:
+    """The installed distribution's version; the package's own when it is not installed (a bare checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("moeviz")
+    except PackageNotFoundError:
+        from moeviz import __version__
+
+        return __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="moeviz", description="A microscope for Mixture-of-Experts models.")
+    parser.add_argument("--version", action="version", version=f"moeviz {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     cap = commands.add_parser("capture", help="run a model on an input and write its routing table (Parquet)")
-    _add_model_and_input(cap)
+    add_model_flags(cap)
+    add_placement_flags(cap)
+    _add_inputs(cap)
     cap.add_argument("--out", required=True, type=Path, help="output .parquet file")
     cap.add_argument("--generate", type=int, default=0, metavar="N", help="also generate N tokens (greedy)")
 
-    rep = commands.add_parser("report", help="run a model and judge its routing health, layer by layer")
-    _add_model_and_input(rep, corpus=True)
+    rep = commands.add_parser(
+        "report",
+        help="judge a model's routing health layer by layer, or a training run's checkpoint timeline",
+        description="Run one --model on an input and judge its routing, layer by layer; or, with "
+        "--checkpoints, trace every checkpoint of a training run on --corpus and print its timeline.",
+    )
+    subject = rep.add_mutually_exclusive_group(required=True)
+    subject.add_argument(
+        "--checkpoints",
+        metavar="DIR|A,B,C",
+        help="a training run instead of one model: a folder of checkpoint folders, or A,B,C (needs --corpus)",
+    )
+    add_model_flags(rep, group=subject)
+    _add_inputs(rep, corpus=True)
     rep.add_argument("--format", choices=["text", "json", "markdown"], default="text")
-    rep.add_argument(
+    add_batching_flags(rep, chunk_tokens=REPORT_CHUNK_TOKENS)
+    one = rep.add_argument_group("one model (--model)")
+    one.add_argument(
         "--fail-on",
         choices=["warning", "collapsed"],
         help=f"exit with code {EXIT_VERDICT} when the model verdict reaches this level",
     )
-    rep.add_argument("--devices", type=int, help="also report expert-parallel balancedness over D devices")
-    rep.add_argument("--chunk-tokens", type=int, default=512, help="corpus: tokens per sequence")
-    rep.add_argument(
-        "--max-chunks", type=int, default=64, help="corpus: at most this many sequences per domain"
+    one.add_argument("--devices", type=int, help="also report expert-parallel balancedness over D devices")
+    one.add_argument(
+        "--max-chunks",
+        type=int,
+        help=f"corpus: at most this many sequences per domain (default {REPORT_MAX_CHUNKS})",
     )
-    rep.add_argument("--batch-size", type=int, default=8, help="corpus: sequences per forward")
-    rep.add_argument(
-        "--checkpoints",
-        metavar="DIR|A,B,C",
-        help="checkpoint timeline of a series on --corpus instead of one model (see `moeviz report "
-        "--checkpoints DIR --corpus PATH --help`)",
-    )
+    add_placement_flags(one)
+    run = rep.add_argument_group("checkpoint timeline (--checkpoints)")
+    run.add_argument("--max-batches", type=int, help="trace only this many batches (a fixed prefix)")
+    run.add_argument("--store", type=Path, help="keep the traces in this store (reused with resume)")
+    rep.set_defaults(check=functools.partial(_check_report_flags, rep))
 
     from moeviz.store.cli import add_trace_parser
 
@@ -79,23 +114,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_report_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Flags of one branch of `report` given to the other: a usage error (exit 2)."""
+    if args.checkpoints is not None:
+        if args.corpus is None:
+            parser.error("--checkpoints needs --corpus (the texts every checkpoint is traced on)")
+        misplaced = {
+            "--fail-on": args.fail_on,
+            "--devices": args.devices,
+            "--max-chunks": args.max_chunks,
+            "--trust-remote-code": args.trust_remote_code or None,
+            "--dtype": None if args.dtype == "auto" else args.dtype,
+            "--device": None if args.device == "auto" else args.device,
+            "--device-map": args.device_map,
+            "--offload-folder": args.offload_folder,
+            "--max-memory": args.max_memory,
+        }
+        if args.format == "markdown":
+            parser.error("--format markdown is for one model; a checkpoint timeline prints text or json")
+    else:
+        misplaced = {"--max-batches": args.max_batches, "--store": args.store}
+    given = [flag for flag, value in misplaced.items() if value is not None]
+    if given:
+        branch = "one --model" if args.checkpoints is not None else "--checkpoints"
+        parser.error(f"{given[0]} only applies to {branch}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the CLI never downloads; the library leaves env alone
     if argv[:1] == ["app"] and not {"-h", "--help"} & set(argv[1:2]):
         return run_app(argv[1:])  # everything after `app` belongs to Streamlit, flags included
-    checkpoints = any(a == "--checkpoints" or a.startswith("--checkpoints=") for a in argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "check", None) is not None:
+        args.check(args)
     try:
-        if argv[:1] == ["report"] and checkpoints:
-            from moeviz.store.cli import run_checkpoint_report
-
-            return run_checkpoint_report(argv[1:])  # its own parser: no --model, store flags
-        args = build_parser().parse_args(argv)
         if args.command == "trace":
             from moeviz.store.cli import run_trace
 
             return run_trace(args)
         if args.command == "capture":
             return run_capture(args)
+        if args.command == "report" and args.checkpoints is not None:
+            from moeviz.store.cli import run_checkpoint_report
+
+            return run_checkpoint_report(args)
         if args.command == "report":
             return run_report(args)
         return run_app(args.streamlit_args)
@@ -111,16 +175,20 @@ def run_capture(args: argparse.Namespace) -> int:
     out = _checked_output(args.out)
     if args.generate < 0:
         raise InputError(f"--generate must be >= 0, got {args.generate}")
+    placement = placement_kwargs(args)
     with tqdm(total=3, desc="moeviz capture", unit="step", file=sys.stderr, leave=False) as bar:
         from transformers.utils import logging as hf_logging
 
         import moeviz
 
         hf_logging.disable_progress_bar()  # one progress bar: ours
-        from moeviz.analysis import layer_summary_frame
+        from moeviz.analysis import balance_frame
+
+        def loading(done: int, total: int) -> None:
+            bar.set_postfix_str(f"loading model {done / 2**20:,.1f}/{total / 2**20:,.1f} MiB")
 
         bar.set_postfix_str("loading model")
-        loaded = moeviz.load_model(args.model, trust_remote_code=args.trust_remote_code)
+        loaded = moeviz.load_model(args.model, **load_kwargs(args), **placement, progress=loading)
         bar.update()
         bar.set_postfix_str("running forward" if not args.generate else f"generating {args.generate} tokens")
         trace = moeviz.capture(loaded, generate=args.generate, **inputs)
@@ -128,7 +196,7 @@ def run_capture(args: argparse.Namespace) -> int:
         bar.set_postfix_str("writing parquet")
         trace.to_parquet(out)
         bar.update()
-    print(format_summary(trace, layer_summary_frame(trace), out))
+    print(format_summary(trace, balance_frame(trace), out))
     return 0
 
 
@@ -149,8 +217,9 @@ def run_report(args: argparse.Namespace) -> int:
         from moeviz.corpus import read_corpus
 
         corpus = read_corpus(args.corpus)  # fail on a bad corpus before loading the model
+    placement = placement_kwargs(args)
     hf_logging.disable_progress_bar()
-    loaded = moeviz.load_model(args.model, trust_remote_code=args.trust_remote_code)
+    loaded = moeviz.load_model(args.model, **load_kwargs(args), **placement, progress=load_progress())
     seq_domains = None
     if corpus is None:
         trace = moeviz.capture(loaded, **inputs)
@@ -179,9 +248,10 @@ def _corpus_batches(loaded, corpus, args) -> tuple[list[list[list[int]]], list[s
     if loaded.tokenizer is None:
         raise InputError("--corpus needs a model with a tokenizer")
     length = min(args.chunk_tokens, loaded.max_length or args.chunk_tokens)
+    max_chunks = args.max_chunks or REPORT_MAX_CHUNKS
     sequences, domains, per_domain = [], [], {}
     for doc in corpus:
-        room = args.max_chunks - per_domain.get(doc.domain, 0)
+        room = max_chunks - per_domain.get(doc.domain, 0)
         if room <= 0:
             continue
         chunks = chunk_token_ids(loaded.tokenizer(doc.text)["input_ids"], length, room)
@@ -229,29 +299,35 @@ def _checked_output(out: Path) -> Path:
 
 
 def format_summary(trace, summary, out: Path) -> str:
-    """One screen: the model, then per MoE layer tokens, load entropy, max share and dead experts."""
+    """One screen: the model, then per MoE layer (rows of `balance_frame`) tokens, experts, k, load entropy,
+    max share (f = c/(kT), dropped slots included in kT), dead experts, dropped slots and their fraction."""
     lines = [
         f"{trace.model.source} ({trace.model.architecture}): {len(trace.tokens)} tokens, "
         f"{len(trace.layers)} MoE layers -> {out}",
         f"{'layer':>5} {'site':<9} {'tokens':>7} {'experts':>7} {'k':>2} {'load_entropy':>12} "
-        f"{'max_share':>9} {'dead':>4} {'dropped':>7}",
+        f"{'max_share':>9} {'dead':>4} {'dropped':>7} {'dropped_fraction':>16}",
     ]
     for row in summary.itertuples():
         lines.append(
             f"{row.layer:>5} {row.site:<9} {row.tokens:>7} {row.experts:>7} {row.top_k:>2} "
-            f"{row.load_entropy:>12.3f} {row.max_share:>9.3f} {row.dead_experts:>4} {row.dropped:>7}"
+            f"{row.load_entropy:>12.3f} {row.max_share:>9.3f} {row.dead_experts:>4} {row.dropped:>7} "
+            f"{row.dropped_fraction:>16.3f}"
         )
     lines.extend(f"note: {note}" for note in trace.model.notes)
     return "\n".join(lines)
 
 
 def run_app(streamlit_args: Sequence[str]) -> int:
-    """Replace this process with `streamlit run app/streamlit_app.py ...` (Streamlit's env config applies)."""
+    """Replace this process with `streamlit run <app>/streamlit_app.py ...` (Streamlit's env config applies);
+    the app is the checkout's app/ or, installed from a wheel, the copy inside the package."""
+    from moeviz.resources import bundled_path
+
     extra = list(streamlit_args)
     if extra and extra[0] == "--":
         extra = extra[1:]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    argv = [sys.executable, "-m", "streamlit", "run", str(APP_SCRIPT), *APP_FLAGS, *extra]
+    script = bundled_path("app") / "streamlit_app.py"
+    argv = [sys.executable, "-m", "streamlit", "run", str(script), *APP_FLAGS, *extra]
     os.execv(sys.executable, argv)
     return 0  # not reached
 

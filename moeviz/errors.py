@@ -33,6 +33,18 @@ class UnsafeWeightsError(ModelSourceError):
     pass
 
 
+class InsufficientMemoryError(ModelSourceError):
+    """The model (at the chosen dtype, plus activations) needs more memory than the device has free."""
+
+
+class UnsupportedQuantizationError(ModelSourceError):
+    """The checkpoint is quantised in a way transformers cannot run or dequantise on this machine."""
+
+
+class LoadOptionError(ModelSourceError):
+    """A load option is unusable: an unknown dtype, or a device this machine does not have."""
+
+
 class InputError(MoevizError):
     """The text or token ids given for a capture are unusable."""
 

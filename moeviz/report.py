@@ -12,27 +12,46 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from moeviz.analysis import balance_frame, collapse_report, expert_domain_specialisation, loss_frame
-from moeviz.analysis.collapse import CollapseReport, CollapseThresholds
+from moeviz.analysis import (
+    balance_frame,
+    collapse_report,
+    ep_balancedness_over_layers,
+    expert_domain_specialisation,
+    loss_frame,
+)
+from moeviz.analysis.collapse import NOT_ENOUGH_TOKENS, CollapseReport, CollapseThresholds
 from moeviz.trace import Trace
 
-# Per-layer keys, in output order. aux_loss is the top-k Switch/GShard form, unscaled (α = 1), as
-# transformers' load_balancing_loss_func computes it: k when perfectly balanced (aux_loss_top1: 1).
+# Per-layer keys, in output order. The balance keys are `balance_frame`'s columns, with its names and
+# definitions (docs/routing-metrics.md): shares f = c/(kT) with dropped slots in kT, dropped slots their own
+# quantity; cv (population std) and gini textbook; cv_unbiased (ddof 1) as NeMo, Megatron-Core and
+# TensorRT-LLM log CV, gini_megatron (gini − 1/E) as Megatron-Core logs Gini.
+# aux_loss is the top-k Switch/GShard form, unscaled (α = 1), as transformers' load_balancing_loss_func
+# computes it: k when perfectly balanced (aux_loss_top1: 1; Megatron-Core logs aux_loss / k).
+# seq_aux_loss: DeepSeek-V3's sequence-wise form, mean over sequences, 1 when balanced.
 LAYER_KEYS = [
     "layer",
     "site",
     "tokens",
     "verdict",
+    "status",
     "aux_loss",
     "aux_loss_top1",
+    "seq_aux_loss",
     "z_loss",
     "load_entropy",
     "effective_experts",
     "max_share",
+    "min_utilisation",
+    "max_utilisation",
     "dead_fraction",
-    "maxvio",
+    "dropped",
+    "dropped_fraction",
+    "max_vio",
     "cv",
+    "cv_unbiased",
     "gini",
+    "gini_megatron",
     "jain",
     "bias_std",
     "bias_max_abs",
@@ -47,6 +66,7 @@ class RoutingReport:
     collapse: CollapseReport
     layers: pd.DataFrame  # one row per MoE layer, LAYER_KEYS (+ ep_balancedness, specialised_domains)
     domains: pd.DataFrame | None  # per (layer, site, domain) specialisation summary, when domains are known
+    ep_balancedness_over_layers: float | None = None  # vLLM's Σ mean / Σ max, with --devices
 
     @property
     def verdict(self) -> str:
@@ -75,16 +95,24 @@ def build_report(
             "site": routing.site,
             "tokens": int(b["tokens"]),
             "verdict": str(verdict.verdict),
+            "status": verdict.status,  # judged | not enough tokens | no tokens (analysis.collapse)
             "aux_loss": loss["aux_loss_topk"],
             "aux_loss_top1": loss["aux_loss_top1"],
+            "seq_aux_loss": loss["seq_aux_loss"],
             "z_loss": loss["z_loss"],
             "load_entropy": b["load_entropy"],
             "effective_experts": b["effective_experts"],
             "max_share": b["max_share"],
+            "min_utilisation": b["min_utilisation"],
+            "max_utilisation": b["max_utilisation"],
             "dead_fraction": b["dead_fraction"],
-            "maxvio": b["max_vio"],
+            "dropped": int(b["dropped"]),
+            "dropped_fraction": b["dropped_fraction"],
+            "max_vio": b["max_vio"],
             "cv": b["cv"],
+            "cv_unbiased": b["cv_unbiased"],
             "gini": b["gini"],
+            "gini_megatron": b["gini_megatron"],
             "jain": b["jain"],
             "bias_std": loss["bias_std"],
             "bias_max_abs": loss["bias_max_abs"],
@@ -100,7 +128,10 @@ def build_report(
                 if r.verdict == "specialised"
             ]
         rows.append(row)
-    return RoutingReport(trace.model.source, len(trace.tokens), collapse, pd.DataFrame(rows), domains)
+    over_layers = None if devices is None else ep_balancedness_over_layers(trace, devices)
+    return RoutingReport(
+        trace.model.source, len(trace.tokens), collapse, pd.DataFrame(rows), domains, over_layers
+    )
 
 
 def _clean(value):
@@ -116,16 +147,15 @@ def _clean(value):
 
 def render_json(report: RoutingReport) -> str:
     layers = [{k: _clean(v) for k, v in row.items()} for row in report.layers.to_dict("records")]
-    return json.dumps(
-        {
-            "model": report.model,
-            "tokens": report.tokens,
-            "verdict": report.verdict,
-            "reasons": report.collapse.reasons,
-            "layers": layers,
-        },
-        indent=2,
-    )
+    out = {
+        "model": report.model,
+        "tokens": report.tokens,
+        "verdict": report.verdict,
+        "reasons": report.collapse.reasons,
+    }
+    if report.ep_balancedness_over_layers is not None:
+        out["ep_balancedness_over_layers"] = _clean(report.ep_balancedness_over_layers)
+    return json.dumps({**out, "layers": layers}, indent=2)
 
 
 _TABLE = [
@@ -137,7 +167,8 @@ _TABLE = [
     ("load_entropy", "{:.3f}"),
     ("max_share", "{:.3f}"),
     ("dead_fraction", "{:.2f}"),
-    ("maxvio", "{:.2f}"),
+    ("dropped_fraction", "{:.3f}"),
+    ("max_vio", "{:.2f}"),
     ("cv", "{:.2f}"),
 ]
 
@@ -151,8 +182,14 @@ def render_text(report: RoutingReport) -> str:
     rows = [_cells(row) for row in report.layers.to_dict("records")]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))  # noqa: E731
-    out = [f"{report.model}: {report.tokens} tokens — verdict: {report.verdict.upper()}", line(header)]
+    head = f"{report.model}: {report.tokens} tokens — verdict: {report.verdict.upper()}"
+    if report.collapse.layers and not report.collapse.judged:
+        head += f" (load {NOT_ENOUGH_TOKENS})"
+    out = [head, line(header)]
     out += [line(r) for r in rows]
+    if report.ep_balancedness_over_layers is not None:
+        value = report.ep_balancedness_over_layers
+        out.append(f"  expert-parallel balancedness over layers (Σ mean / Σ max, as vLLM): {value:.3f}")
     out += [f"  {reason}" for reason in report.collapse.reasons]
     out += [f"  note: {note}" for note in report.collapse.notes]
     for row in report.layers.to_dict("records"):
@@ -166,7 +203,8 @@ def render_markdown(report: RoutingReport) -> str:
     out = [
         f"## Routing report: `{report.model}`",
         "",
-        f"{report.tokens} tokens. Verdict: **{report.verdict}**.",
+        f"{report.tokens} tokens. Verdict: **{report.verdict}**"
+        + ("." if report.collapse.judged or not report.collapse.layers else f" (load {NOT_ENOUGH_TOKENS})."),
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),

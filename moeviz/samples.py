@@ -80,14 +80,14 @@ def bias_rows(trace) -> list[dict]:
 
 def measure_sample(loaded: LoadedModel) -> dict:
     """Everything a sample's card states, measured with moeviz on the committed evaluation slices."""
-    from moeviz.analysis import collapse_report, layer_summary_frame
+    from moeviz.analysis import balance_frame, collapse_report
     from moeviz.analysis.specialisation import domain_specialisation_frame
     from moeviz.architecture import parameter_summary
     from moeviz.capture import capture
 
     batch = eval_batch(loaded)
     trace = capture(loaded, token_ids=batch.token_ids)
-    summary = layer_summary_frame(trace)
+    summary = balance_frame(trace)
     special = domain_specialisation_frame(trace, batch.domains)
     verdicts = collapse_report(trace).layers
     params = parameter_summary(loaded.model)

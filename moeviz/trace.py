@@ -49,7 +49,9 @@ class ModelInfo:
     architecture: str
     num_layers: int
     num_parameters: int = 0
-    dtype: str = "float32"
+    dtype: str = "float32"  # the dtype the weights were loaded (or dequantised) at
+    device: str = "cpu"  # where the weights are: "cuda:0"; with a device map "cuda:0 (30 modules), disk (16)"
+    parameter_bytes: int = 0  # parameters and buffers at `dtype`
     notes: list[str] = field(default_factory=list)
 
 
@@ -65,6 +67,10 @@ class LayerRouting:
     - experts [N, k]: dispatched expert ids, -1 for a slot dropped by capacity; slots by descending weight
     - weights [N, k]: combination weights the model applied (0 for dropped)
     - bias [E] | None: balancing bias added for selection only
+    - n_group, topk_group, group_score: group-limited routing (DeepSeek-V2/V3 style): experts are split into
+      `n_group` contiguous groups, each token picks its best `topk_group` groups by `group_score` of the
+      selection scores ("top2_sum": sum of the group's two best, V3/GLM/Kimi; "max": V2) and selects only
+      among their experts. None when the router does not limit groups.
     """
 
     layer: int
@@ -82,6 +88,9 @@ class LayerRouting:
     capacity: int | None = None
     shared_experts: int = 0
     module: str = ""
+    n_group: int | None = None
+    topk_group: int | None = None
+    group_score: str | None = None  # "top2_sum" | "max" | None
 
     def __post_init__(self) -> None:
         n = len(self.token_rows)
@@ -325,6 +334,9 @@ def _layer_meta(routing: LayerRouting) -> dict[str, Any]:
         "capacity": routing.capacity,
         "shared_experts": routing.shared_experts,
         "module": routing.module,
+        "n_group": routing.n_group,
+        "topk_group": routing.topk_group,
+        "group_score": routing.group_score,
     }
 
 
@@ -352,4 +364,7 @@ def _layer_from_rows(
         capacity=info["capacity"],
         shared_experts=info["shared_experts"],
         module=info["module"],
+        n_group=info.get("n_group"),  # absent from traces written before group facts were recorded
+        topk_group=info.get("topk_group"),
+        group_score=info.get("group_score"),
     )

@@ -3,21 +3,29 @@ Streamlit."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from moeviz.testing.app_server import REPO
-
-APP = REPO / "app" / "streamlit_app.py"
+REPO = Path(__file__).resolve().parents[1]
+APP_DIR = REPO / "app"
+APP = APP_DIR / "streamlit_app.py"
 
 
 def app_test_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """The environment of an in-process page test: offline, no folder limits and no default model set,
-    and `app/` importable as under `streamlit run` (pages `import state`)."""
+    and `app/` importable as under `streamlit run` (see `app_importable`)."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     for name in ("MOEVIZ_MODEL_DIRS", "MOEVIZ_DEFAULT_MODEL", "MOEVIZ_STORE_DIRS"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.syspath_prepend(str(REPO / "app"))
+    app_importable(monkeypatch)
+
+
+def app_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Put `app/` on `sys.path` as `streamlit run app/streamlit_app.py` does, so that the app's building
+    blocks import as the pages import them (`from components import caches`)."""
+    monkeypatch.syspath_prepend(str(APP_DIR))
 
 
 def run_page(page: str, timeout_s: float = 60, **state) -> AppTest:

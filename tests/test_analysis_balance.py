@@ -16,11 +16,11 @@ from moeviz.analysis import (
     balance_frame,
     balance_stats,
     confidence_frame,
+    ep_balancedness_over_layers,
     expert_balance_frame,
-    expert_load_frame,
-    layer_summary_frame,
     loss_frame,
     loss_stats,
+    seq_aux_loss,
 )
 from moeviz.analysis.confidence import confidence_summary_frame, layer_confidence, topk_margin
 from moeviz.analysis.load import balance_from_counts, ep_balancedness, gini, jain_index
@@ -149,10 +149,7 @@ def test_dropped_slots_count_for_no_expert():
     assert s.max_share == pytest.approx(3 / 8)  # f = c / (kT), the dropped slots stay in kT
     np.testing.assert_allclose(s.utilisation, [1.5, 0.5, 0.5, 0.5])
     assert s.dead_experts == 0
-    # The existing per-expert frame keeps its share of dispatched slots (sums to 1) ...
-    legacy = expert_load_frame(make_trace(layer))
-    assert legacy["share"].sum() == pytest.approx(1.0)
-    # ... while the doc-defined one sums to 1 − dropped fraction.
+    # Shares are of all kT slots: they sum to 1 − dropped fraction.
     frame = expert_balance_frame(make_trace(layer), devices=2)
     assert frame["share"].sum() == pytest.approx(0.75)
     assert frame["device"].tolist() == [0, 0, 1, 1]
@@ -202,7 +199,7 @@ def test_gini_matches_brute_force_mean_absolute_difference():
         assert gini(c) == pytest.approx(brute, abs=1e-12)
 
 
-def test_balance_frame_rows_and_existing_summary_agree():
+def test_balance_frame_rows_agree_with_the_expert_rows():
     rng = np.random.default_rng(1)
     layers = [random_layer(rng, 50, 8, 2, skew=s) for s in (0.0, 2.0)]
     for i, layer in enumerate(layers):
@@ -210,10 +207,46 @@ def test_balance_frame_rows_and_existing_summary_agree():
     trace = make_trace(*layers)
     frame = balance_frame(trace, devices=4)
     assert len(frame) == 2 and list(frame["layer"]) == [0, 1]
-    legacy = layer_summary_frame(trace)  # no drops: both definitions agree
-    np.testing.assert_allclose(frame["load_entropy"], legacy["load_entropy"])
-    np.testing.assert_allclose(frame["max_share"], legacy["max_share"])
-    assert frame["dead_experts"].tolist() == legacy["dead_experts"].tolist()
+    experts = expert_balance_frame(trace, devices=4).groupby("layer")
+    np.testing.assert_allclose(frame["max_share"], experts["share"].max())
+    np.testing.assert_allclose(frame["max_utilisation"], experts["utilisation"].max())
+    np.testing.assert_allclose(frame["min_utilisation"], experts["utilisation"].min())
+    assert frame["dead_experts"].tolist() == experts["dead"].sum().tolist()
+    for layer, row in zip(layers, frame.itertuples(), strict=True):
+        share = np.bincount(layer.experts.ravel(), minlength=8) / layer.experts.size
+        nz = share[share > 0]
+        assert row.load_entropy == pytest.approx(-(nz * np.log(nz)).sum() / np.log(8))
+
+
+def test_peer_conventions_cv_unbiased_and_gini_megatron():
+    counts = np.array([4, 4, 4, 0])
+    s = balance_from_counts(counts, tokens=6, top_k=2)
+    mean = 3.0
+    assert s.cv == pytest.approx(np.sqrt(((counts - mean) ** 2).sum() / 4) / mean)  # population std
+    assert s.cv_unbiased == pytest.approx(np.sqrt(((counts - mean) ** 2).sum() / 3) / mean)  # ddof = 1
+    assert s.cv_unbiased == pytest.approx(s.cv * math.sqrt(4 / 3))
+    assert s.gini == pytest.approx(0.25) and s.gini_megatron == pytest.approx(0.25 - 1 / 4)
+    even = balance_from_counts(np.array([3, 3, 3, 3]), tokens=6, top_k=2)
+    assert even.cv_unbiased == 0.0 and even.gini_megatron == pytest.approx(-0.25)
+    one = balance_from_counts(np.array([5]), tokens=5, top_k=1)
+    assert math.isnan(one.cv_unbiased) and one.gini_megatron == pytest.approx(-1.0)
+    row = balance_frame(make_trace(make_layer([[0, 1], [1, 2], [0, 2], [0, 1], [1, 2], [0, 2]], 4)))
+    assert row.loc[0, "cv_unbiased"] == pytest.approx(s.cv_unbiased)
+    assert row.loc[0, "gini_megatron"] == pytest.approx(s.gini_megatron)
+
+
+def test_ep_balancedness_over_layers_by_hand():
+    # layer 0: devices carry [3, 1] → mean 2, max 3; layer 1: [4, 4] → mean 4, max 4.
+    first = make_layer([0, 0, 1, 2], 4)
+    second = make_layer([0, 1, 2, 3, 0, 1, 2, 3], 4, layer=1)
+    trace = make_trace(first, second)
+    assert ep_balancedness_over_layers(trace, 2) == pytest.approx((2 + 4) / (3 + 4))
+    # not the mean of the per-layer values (2/3 and 1): busy layers weigh more
+    per_layer = balance_frame(trace, devices=2)["ep_balancedness"].mean()
+    assert per_layer == pytest.approx((2 / 3 + 1) / 2)
+    assert math.isnan(ep_balancedness_over_layers(make_trace(make_layer(np.full((2, 1), -1), 4)), 2))
+    with pytest.raises(ValueError, match="split evenly"):
+        ep_balancedness_over_layers(trace, 3)
 
 
 # ---- balancing losses --------------------------------------------------------------------------------
@@ -222,6 +255,54 @@ def test_aux_loss_hand_computed():
     # f = [2/3, 1/3], P = [1.7/3, 1.3/3]  →  L = 2 (2/3 · 1.7/3 + 1/3 · 1.3/3) = 9.4 / 9
     assert aux_loss(probs, 1) == pytest.approx(9.4 / 9, rel=1e-6)
     assert aux_loss(probs, 2) == pytest.approx(2.0, rel=1e-6)  # k = E: every token includes every e
+
+
+def _seq_aux_loss_loops(scores, seqs, k):
+    """DeepSeek-V3 eq. 17–20 written out with loops: per sequence f_i = E/(kT) Σ_t 1[i ∈ top-k(s_t)],
+    P_i = (1/T) Σ_t s_{i,t} / Σ_j s_{j,t}, L = Σ_i f_i P_i; the mean over sequences."""
+    e = len(scores[0])
+    losses = []
+    for seq in sorted(set(seqs)):
+        rows = [row for row, s in zip(scores, seqs, strict=True) if s == seq]
+        t = len(rows)
+        f, p = [0.0] * e, [0.0] * e
+        for row in rows:
+            for i in sorted(range(e), key=lambda j: -row[j])[:k]:
+                f[i] += e / (k * t)
+            for i in range(e):
+                p[i] += row[i] / sum(row) / t
+        losses.append(sum(f[i] * p[i] for i in range(e)))
+    return sum(losses) / len(losses)
+
+
+def test_seq_aux_loss_hand_computed():
+    probs = np.array([[0.8, 0.2], [0.6, 0.4], [0.3, 0.7], [0.6, 0.4]], np.float32)
+    # seq 0 (T = 2): f = 2/2 · [2, 0] = [2, 0], P = [0.7, 0.3] → 1.4
+    # seq 1 (T = 2): f = 2/2 · [1, 1] = [1, 1], P = [0.45, 0.55] → 1.0; mean 1.2
+    assert seq_aux_loss(probs, np.array([0, 0, 1, 1]), 1) == pytest.approx(1.2, rel=1e-6)
+    # one sequence of all four rows: f = 2/4 · [3, 1], P = [0.575, 0.425] → 0.9750
+    assert seq_aux_loss(probs, None, 1) == pytest.approx(1.5 * 0.575 + 0.5 * 0.425, rel=1e-6)
+    # perfectly balanced: 1 (α = 1), also for k = 2 of 4
+    even = np.full((4, 4), 0.25, np.float32)
+    assert seq_aux_loss(even, None, 1, selected=np.arange(4)[:, None]) == pytest.approx(1.0)
+    assert seq_aux_loss(even, None, 2, selected=np.array([[0, 1], [2, 3]] * 2)) == pytest.approx(1.0)
+    # dropped slots (-1) count for no expert
+    assert seq_aux_loss(even, None, selected=np.array([[0], [1], [2], [-1]])) == pytest.approx(0.75)
+    assert math.isnan(seq_aux_loss(np.zeros((0, 4), np.float32)))
+
+
+def test_seq_aux_loss_matches_loops_and_is_in_loss_frame():
+    rng = np.random.default_rng(7)
+    logits = rng.normal(size=(30, 6)) * 2
+    seqs = np.repeat([0, 1, 2], [12, 10, 8])
+    for score_fn in ("softmax", "sigmoid"):
+        layer = make_layer(np.zeros((30, 2), np.int64), 6, logits, score_fn=score_fn)
+        want = _seq_aux_loss_loops(layer.scores.astype(np.float64).tolist(), seqs.tolist(), 2)
+        assert seq_aux_loss(router_probs(layer), seqs, 2) == pytest.approx(want, rel=1e-5)
+        assert loss_stats(layer, seqs).seq_aux_loss == pytest.approx(want, rel=1e-5)
+        trace = make_trace(layer)
+        trace.tokens["seq"] = seqs
+        assert loss_frame(trace).loc[0, "seq_aux_loss"] == pytest.approx(want, rel=1e-5)
 
 
 def _hf_aux(logits_list, num_experts, top_k):

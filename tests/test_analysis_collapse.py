@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from moeviz.analysis import CollapseThresholds, Verdict, collapse_frame, collapse_report, layer_verdict
+from moeviz.analysis.collapse import NOT_ENOUGH_TOKENS
 
 from .test_analysis_balance import make_layer, make_trace
 
@@ -16,6 +17,14 @@ def top1_layer(counts: list[int], layer: int = 0, logits=None, bias=None, **kwar
     """A top-1 layer whose expert e received counts[e] tokens (in blocks)."""
     experts = np.repeat(np.arange(len(counts)), counts)
     return make_layer(experts, len(counts), logits, layer=layer, bias=bias, **kwargs)
+
+
+def independent_trace(*layers):
+    """A trace whose tokens are independent: each one its own sequence (no intra-text correlation)."""
+    trace = make_trace(*layers)
+    trace.tokens["seq"] = np.arange(len(trace.tokens))
+    trace.tokens["pos"] = 0
+    return trace
 
 
 def test_uniform_routing_is_healthy():
@@ -79,7 +88,9 @@ def test_entropy_rule():
 def test_too_few_tokens_are_not_judged_on_load_but_bias_still_is():
     small = layer_verdict(top1_layer([3, 0, 0, 0, 0, 0, 0, 0]))
     assert small.verdict is Verdict.HEALTHY and small.reasons == []
-    assert small.notes == ("only 3 tokens (0.4 slots per expert): load not judged (needs ≥ 40 tokens)",)
+    # by design (issue 13 §3): the note now starts with NOT_ENOUGH_TOKENS and the status says so
+    assert small.notes == (f"{NOT_ENOUGH_TOKENS}: 3 tokens (needs ≥ 40 tokens)",)
+    assert small.status == "not enough tokens" and small.load_test.min_tokens == 40
     biased = layer_verdict(top1_layer([3, 0, 0, 0], bias=[3.0, -3.0, 0.0, 0.0]))
     assert biased.verdict is Verdict.WARNING and biased.reasons == ["balancing bias std 2.12 > 1"]
     empty = layer_verdict(make_layer(np.zeros((0, 2)), 4))
@@ -104,7 +115,7 @@ def test_heavy_dropping_is_noted():
 
 
 def test_model_verdict_is_the_worst_layer():
-    trace = make_trace(
+    trace = independent_trace(
         top1_layer([10] * 8, layer=0),
         top1_layer([14, 14, 14, 14, 14, 14, 0, 0], layer=1),
         top1_layer([0, 0, 80, 0, 0, 0, 0, 0], layer=2),
@@ -158,3 +169,44 @@ def test_real_sample_model_verdict_is_consistent(sample_model):
     for lv, routing in zip(report.layers, trace.layers, strict=True):
         assert (lv.layer, lv.site) == (routing.layer, routing.site)
         assert lv.z_loss > 0 and lv.bias is None
+
+
+def test_one_text_counts_as_few_independent_tokens():
+    # the layers of test_model_verdict_is_the_worst_layer as ONE 84-token text: ρ = 0.25 makes it ≈ 3.9
+    # independent tokens, and a top-1 layer of 8 experts needs ≈ 4.4 for total collapse to be significant
+    layers = [
+        top1_layer([14, 14, 14, 14, 14, 14, 0, 0], layer=1),
+        top1_layer([0, 0, 84, 0, 0, 0, 0, 0], layer=2),
+    ]
+    report = collapse_report(make_trace(*layers))
+    assert report.verdict is Verdict.HEALTHY and not report.judged
+    assert all(lv.status == "not enough tokens" for lv in report.layers)
+    assert report.notes[0].startswith(
+        f"layer 1: {NOT_ENOUGH_TOKENS}: 84 tokens in 1 sequence(s) ≈ 3.9 independent"
+    )
+    assert "more sequences" in report.notes[0] and f"load {NOT_ENOUGH_TOKENS}" in report.summary()
+    # the same tokens as independent draws are judged; the dead experts of layer 1 are significant
+    independent = collapse_report(independent_trace(*layers))
+    assert [str(lv.verdict) for lv in independent.layers] == ["warning", "collapsed"]
+    frame = collapse_frame(independent)
+    assert frame["status"].tolist() == ["judged", "judged"]
+    assert frame.loc[0, "p_dead"] < frame.loc[0, "alpha"] == pytest.approx(0.01 / 6)
+    assert np.isnan(frame.loc[0, "p_max_share"])  # rule not fired: no p-value
+    assert frame["effective_tokens"].tolist() == [84.0, 84.0]
+    # the threshold alone would fire, but 2 of 8 dead in a 40-token text (≈ 3.7 independent tokens) is chance
+    pairs = make_layer([(i % 6, (i + 1) % 6) for i in range(40)], 8)
+    chance = layer_verdict(pairs, sequence_lengths=[40])
+    assert chance.verdict is Verdict.HEALTHY and chance.status == "judged"
+    assert chance.notes[0].startswith("not significant: 2 of 8 experts received no token (p = ")
+    assert chance.load_test.p_dead > chance.load_test.alpha
+
+
+def test_no_correlation_and_level_are_configurable():
+    layer = top1_layer([14, 14, 14, 14, 14, 14, 0, 0])
+    independent = dataclasses.replace(CollapseThresholds(), token_correlation=0.0)
+    assert collapse_report(make_trace(layer), independent).verdict is Verdict.WARNING
+    lax = dataclasses.replace(
+        CollapseThresholds(), alpha=3.0
+    )  # per-test level 3 / (3 · 1) = 1: thresholds alone
+    pairs = make_layer([(i % 6, (i + 1) % 6) for i in range(40)], 8)
+    assert layer_verdict(pairs, lax, sequence_lengths=[40]).verdict is Verdict.WARNING

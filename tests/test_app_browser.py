@@ -18,9 +18,9 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 import moeviz
-from moeviz.analysis import layer_summary_frame
+from moeviz.analysis import balance_frame
 from moeviz.charts import token_label
-from moeviz.testing.app_server import CHROMIUM, CHROMIUM_ARGS, REPO, AppDidNotStart, running_app
+from tests.app_server import CHROMIUM, CHROMIUM_ARGS, REPO, AppDidNotStart, running_app
 
 pytestmark = pytest.mark.browser
 
@@ -195,7 +195,7 @@ def test_routing_page_analyses_a_new_prompt(app_url: str, browser: Browser, load
         shown = wait_until_shown(page, shown_load, load)
         assert shown == load, f"the load chart shows {shown}, expected {load} (layer 1 of {NEW_PROMPT!r})"
         wait_until_idle(page)
-        summary = layer_summary_frame(moeviz.capture(loaded, NEW_PROMPT)).set_index("layer").loc[1]
+        summary = balance_frame(moeviz.capture(loaded, NEW_PROMPT)).set_index("layer").loc[1]
         max_share = page.locator('[data-testid="stMetric"]', has_text="Max share").inner_text()
         assert f"{summary['max_share']:.0%}" in max_share, max_share
         page.evaluate("window.scrollTo(0, 0)")

@@ -123,13 +123,13 @@ def test_token_drilldown_shows_its_attention_row() -> None:
 
 
 def test_prompt_files_are_checked() -> None:
-    import state
+    from components import prompt
 
-    limit = state.PROMPT_FILE_LIMIT
-    assert state.prompt_from_file("ok.txt", "héllo".encode()) == "héllo"
+    limit = prompt.PROMPT_FILE_LIMIT
+    assert prompt.prompt_from_file("ok.txt", "héllo".encode()) == "héllo"
     with pytest.raises(ValueError, match=f"big.txt has {limit + 1:,} bytes; .* at most {limit:,}"):
-        state.prompt_from_file("big.txt", b"a" * (limit + 1))
+        prompt.prompt_from_file("big.txt", b"a" * (limit + 1))
     with pytest.raises(ValueError, match="not UTF-8 text \\(byte 3\\)"):
-        state.prompt_from_file("l1.txt", "caf\xe9".encode("latin-1"))
+        prompt.prompt_from_file("l1.txt", "caf\xe9".encode("latin-1"))
     with pytest.raises(ValueError, match="empty"):
-        state.prompt_from_file("blank.txt", b" \n")
+        prompt.prompt_from_file("blank.txt", b" \n")

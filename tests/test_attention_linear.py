@@ -188,7 +188,7 @@ def test_kimi_linear_layers_all_mapped_jamba_stays_without(tiny_model_dir):
 
 
 def test_kda_layer_run_twice_has_no_map(tiny_model_dir):
-    from moeviz.attention.build import build_attention
+    from moeviz.capture.attention_build import build_attention
 
     model = moeviz.load_model(tiny_model_dir("kimi_linear")).model
     ids = torch.tensor(_batch((9,)))

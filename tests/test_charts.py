@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 import moeviz
-from moeviz.analysis import expert_load_frame
+from moeviz.analysis import expert_balance_frame
 from moeviz.charts import expert_load_chart, router_score_heatmap, token_label, token_window
 from tests.chart_helpers import PROMPT, data_of
 
@@ -87,7 +87,7 @@ def test_heatmap_subtitle_names_the_window(trace):
 
 
 def test_load_chart_counts_are_the_dispatch_counts(trace):
-    load = expert_load_frame(trace)
+    load = expert_balance_frame(trace)
     for site, layer in trace.layer_keys:
         routing = trace.layer(layer, site)
         data = chart_data(expert_load_chart(load[(load["layer"] == layer) & (load["site"] == site)]))
@@ -104,9 +104,25 @@ def test_charts_render_one_mark_per_cell(trace):
     svg = vl_convert.vegalite_to_svg(router_score_heatmap(trace.scores_frame(2)).to_dict())
     assert len(re.findall(r'aria-roledescription="rect mark"', svg)) == n * e
     assert len(re.findall(r'aria-roledescription="text mark"', svg)) == len(dispatched_pairs(routing))
-    load = expert_load_frame(trace).query("layer == 2")
+    load = expert_balance_frame(trace).query("layer == 2")
     svg = vl_convert.vegalite_to_svg(expert_load_chart(load).to_dict())
     bars = re.findall(r'aria-label="expert: (\d+); tokens dispatched: (\d+);', svg)
     expected = np.bincount(routing.experts[routing.experts >= 0], minlength=e)
     assert sorted((int(x), int(c)) for x, c in bars) == list(enumerate(expected.tolist()))
     assert len(re.findall(r'aria-roledescription="rule mark"', svg)) == 1
+
+
+def test_load_chart_bands_are_the_bootstrap_bands_in_tokens(trace):
+    from moeviz.analysis.null import expert_confidence_frame
+
+    load = expert_balance_frame(trace).query("layer == 1")
+    bands = expert_confidence_frame(trace).query("layer == 1")
+    data = chart_data(expert_load_chart(load, bands=bands)).sort_values("expert")
+    routing = trace.layer(1)
+    slots = len(routing.experts) * routing.k
+    assert data["count_low"].to_numpy() == pytest.approx(bands["share_low"].to_numpy() * slots)
+    assert data["count_high"].to_numpy() == pytest.approx(bands["share_high"].to_numpy() * slots)
+    assert (data["count_low"] <= data["count"] + 1e-9).all() and (
+        data["count"] <= data["count_high"] + 1e-9
+    ).all()
+    assert "count_low" not in chart_data(expert_load_chart(load)).columns  # no bands asked, none drawn

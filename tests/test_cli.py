@@ -128,3 +128,54 @@ def test_app_passes_arguments_to_streamlit(monkeypatch):
     assert seen["argv"][1:4] == ["-m", "streamlit", "run"]
     assert seen["argv"][4].endswith("app/streamlit_app.py") and os.path.isfile(seen["argv"][4])
     assert seen["argv"][5:] == [*cli.APP_FLAGS, "--server.port", "8765", "--server.headless", "true"]
+
+
+def test_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"moeviz {version('moeviz')}"
+
+
+def test_report_checkpoints_is_a_branch_of_the_one_parser(monkeypatch, tmp_path):
+    """`report --checkpoints` goes through the main parser: report's shared flags, with the same defaults."""
+    from moeviz.store import cli as store_cli
+
+    seen = {}
+
+    def run_checkpoint_report(args):
+        seen["args"] = args
+        return 0
+
+    monkeypatch.setattr(store_cli, "run_checkpoint_report", run_checkpoint_report)
+    one = cli.build_parser().parse_args(["report", "--model", MODEL, "--corpus", str(tmp_path)])
+    assert cli.main(["report", "--checkpoints", "runs/series", "--corpus", str(tmp_path)]) == 0
+    series = seen["args"]
+    assert series.command == one.command == "report" and series.model is None
+    assert series.checkpoints == "runs/series" and series.corpus == one.corpus
+    for flag in ("chunk_tokens", "batch_size", "format", "trust_remote_code"):
+        assert getattr(series, flag) == getattr(one, flag), flag
+    assert one.chunk_tokens == cli.REPORT_CHUNK_TOKENS
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--checkpoints", "s", "--text", "hi"], "--checkpoints needs --corpus"),
+        (["--checkpoints", "s", "--corpus", "c", "--fail-on", "warning"], "--fail-on only applies to one"),
+        (["--checkpoints", "s", "--corpus", "c", "--max-chunks", "3"], "--max-chunks only applies to one"),
+        (["--checkpoints", "s", "--corpus", "c", "--format", "markdown"], "--format markdown is for one"),
+        (["--model", "m", "--text", "hi", "--store", "x"], "--store only applies to --checkpoints"),
+        (["--model", "m", "--corpus", "c", "--max-batches", "2"], "--max-batches only applies to --checkp"),
+        (["--model", "m", "--checkpoints", "s", "--corpus", "c"], "not allowed with argument"),
+        (["--corpus", "c"], "one of the arguments --checkpoints --model is required"),
+        (["--checkpoints", "s", "--corpus", "c", "--chunk-tokens", "many"], "invalid int value"),
+    ],
+)
+def test_bad_report_branch_flags(capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["report", *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "usage: moeviz report" in err and message in err

@@ -21,7 +21,7 @@ REQUIRED = [
     "load_entropy",
     "max_share",
     "dead_fraction",
-    "maxvio",
+    "max_vio",
     "cv",
     "verdict",
 ]
@@ -53,7 +53,7 @@ def test_json_numbers_match_independent_computations(tiny_model_dir, capsys):
         assert row["load_entropy"] == pytest.approx(-(nz * np.log(nz)).sum() / np.log(8), abs=1e-6)
         assert row["max_share"] == pytest.approx(share.max(), abs=1e-9)
         assert row["dead_fraction"] == pytest.approx((counts == 0).mean())
-        assert row["maxvio"] == pytest.approx(counts.max() / counts.mean() - 1)
+        assert row["max_vio"] == pytest.approx(counts.max() / counts.mean() - 1)
         assert row["cv"] == pytest.approx(counts.std() / counts.mean())
 
 

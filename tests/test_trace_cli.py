@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -118,3 +119,27 @@ def test_report_checkpoints_prints_a_timeline(tmp_path, capsys):
     assert [r.checkpoint for r in list_runs(store)] == ["step-00000", "step-00100", "step-01000"]
     code = main(["report", "--checkpoints", str(SERIES / "step-00000"), "--corpus", str(eval_dir())])
     assert code == 2
+
+
+def test_report_and_trace_read_a_jsonl_corpus_as_its_folder(tmp_path, capsys):
+    """One corpus reader: the same documents as a folder and as JSONL give the same report and the same
+    stored rows."""
+    docs = [("code", "def f(x):\n    return x + 1\n" * 12), ("prose", "The cat sat on the mat. " * 20)]
+    folder = tmp_path / "folder"
+    for domain, text in docs:
+        (folder / domain).mkdir(parents=True)
+        (folder / domain / "a.txt").write_text(text)
+    jsonl = tmp_path / "corpus.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": text, "domain": domain}) + "\n" for domain, text in docs))
+    reports, rows = [], []
+    for corpus in (folder, jsonl):
+        args = ["--model", "sample:mixtral-healthy", "--corpus", str(corpus), "--chunk-tokens", "64"]
+        assert main(["report", *args, "--format", "json"]) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+        store = tmp_path / f"store-{corpus.stem}"
+        assert main(["trace", *args, "--out", str(store), "--quiet"]) == 0
+        assert "complete" in capsys.readouterr().out
+        rows.append(_rows(store))
+    assert reports[0] == reports[1] and reports[0]["tokens"] > 100
+    assert len(rows[0]) > 0 and rows[0].equals(rows[1])
+    assert set(rows[0]["domain"]) == {"code", "prose"}

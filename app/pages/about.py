@@ -1,24 +1,28 @@
 """About the model: the architecture facts the loaded model and its trace know."""
 
-import state
 import streamlit as st
+from components import caches, expert_axis, exports, load_options, pickers, prompt
 
 from moeviz.architecture import bias_frame, layer_facts_frame, parameter_summary
-from moeviz.charts import bias_chart
+from moeviz.charts import bias_chart, layer_expert_heatmap
+from moeviz.models.placement import format_bytes
 
 st.title("About the model")
-source = state.model_picker()
-trace = state.load_or_stop(source, st.session_state.get("prompt", state.EXAMPLE_PROMPT))
+source = pickers.model_picker()
+trace = caches.load_or_stop(source, prompt.current_prompt())
 info = trace.model
 facts = layer_facts_frame(trace)
 first = facts.iloc[0] if len(facts) else None
+loaded = caches.get_model(source)
 params = parameter_summary(
-    state.get_model(source).model,
+    loaded.model,
     experts=None if first is None else int(first["experts"]),
     top_k=None if first is None else int(first["top_k"]),
 )
 
-st.caption(f"{info.architecture} ({info.model_type}) · {source} · {info.dtype}")
+model_source, options = load_options.split_key(source)
+loaded_with = f" · loaded with {options.label()}" if options.changed() else ""
+st.caption(f"{info.architecture} ({info.model_type}) · {model_source} · {info.dtype}{loaded_with}")
 a, b, c, d = st.columns(4)
 a.metric("Layers", info.num_layers, help="Transformer blocks")
 b.metric("MoE layers", len(facts), help="Blocks with a router (the rest are dense)")
@@ -35,6 +39,33 @@ b.metric(
 c.metric("Active fraction", f"{params['active_fraction']:.0%}" if params["active_fraction"] else "?")
 d.metric("Routed-expert parameters", f"{params['routed']:,}", help="Weights inside routed experts")
 
+st.subheader("Precision, device and memory")
+a, b, c, d = st.columns(4)
+a.metric("dtype", loaded.info.dtype, help="The dtype the weights were loaded at (Advanced in the sidebar)")
+b.metric("Device", loaded.info.device, help="Where the model sits; with a device map, each device's modules")
+c.metric(
+    "Parameter bytes",
+    format_bytes(loaded.info.parameter_bytes),
+    help=f"{loaded.info.parameter_bytes:,} bytes of parameters and buffers at {loaded.info.dtype}",
+)
+memory = loaded.memory
+if memory is not None:
+    free = "unknown" if memory.available_bytes is None else format_bytes(memory.available_bytes)
+    d.metric(
+        "Fits in memory",
+        "yes" if memory.fits else "no",
+        help=f"Parameters + activations for {memory.activation_tokens:,} tokens against the free memory of "
+        f"{memory.device}",
+    )
+    st.caption(
+        f"Load-time memory estimate on {memory.device} at {memory.dtype}: "
+        f"{format_bytes(memory.parameter_bytes)} of parameters + {format_bytes(memory.activation_bytes)} "
+        f"of activations for {memory.activation_tokens:,} tokens = "
+        f"{format_bytes(memory.total_bytes)}; free: {free}."
+    )
+if loaded.info.notes:
+    st.info("\n".join(loaded.info.notes))
+
 st.subheader("MoE layers")
 st.dataframe(facts, hide_index=True)
 st.caption(
@@ -42,18 +73,20 @@ st.caption(
     "shared_experts: experts every token uses besides the routed ones; capacity: most tokens an expert may "
     "take per batch (None = unlimited, no token dropped); decision_source: where moeviz read the routing."
 )
-state.table_downloads(facts, "moe_layers")
+exports.table_downloads(facts, "moe_layers")
 
 bias = bias_frame(trace)
 if bias.empty:
     st.caption("No balancing bias: experts are selected on the router scores alone.")
 else:
     st.subheader("Balancing bias")
-    state.show_chart(bias_chart(bias), "bias")
+    if expert_axis.trace_at_scale(trace):  # hundreds of experts × dozens of layers: one heatmap
+        heatmap = layer_expert_heatmap(bias, "bias", title="Balancing bias per layer and expert")
+        exports.show_chart(exports.many_marks(heatmap, len(bias)), "bias")
+    else:
+        exports.show_chart(bias_chart(bias), "bias")
     st.caption(
         "Selection uses s_e + b_e (the weights still use s_e): an auxiliary-loss-free balancer raises b_e "
         "for underused experts and lowers it for overused ones during training (DeepSeek-V3)."
     )
-    state.table_downloads(bias, "bias")
-if info.notes:
-    st.info("\n".join(info.notes))
+    exports.table_downloads(bias, "bias")

@@ -1,7 +1,7 @@
 """Attention: per-head summaries per layer, one head's map over a visible window, the KV-cache what-if."""
 
-import state
 import streamlit as st
+from components import caches, exports, pickers, prompt, widgets
 
 from moeviz.charts import (
     HEAD_METRICS,
@@ -15,10 +15,10 @@ from moeviz.charts import (
 WINDOW_SIZES = [16, 32, 64, 128]  # query rows (and key columns) of the visible map: at most 128² cells
 
 st.title("Attention")
-source = state.model_picker()
-text = state.prompt_form()
-trace = state.load_or_stop(source, text)
-att = state.get_attention(source, text)
+source = pickers.model_picker()
+text = prompt.prompt_form()
+trace = caches.load_or_stop(source, text)
+att = caches.get_attention(source, text)
 if att is None or not att.map_layers:
     reasons = "; ".join(f"layer {k}: {v}" for k, v in sorted((att.no_map if att else {}).items()))
     st.warning("This model has no softmax attention map to show." + (f" {reasons}" if reasons else ""))
@@ -42,7 +42,7 @@ st.caption(
 def heads_and_map() -> None:
     """The head grid (every layer × head) and one head's map over a visible window."""
     st.subheader("Every head at a glance")
-    window = state.number(
+    window = widgets.number(
         "Local window W (tokens)",
         "attention_window",
         32,
@@ -62,7 +62,7 @@ def heads_and_map() -> None:
     for i, (metric, (_, _, explanation)) in enumerate(HEAD_METRICS.items()):
         with columns[i % 2]:
             events.append(
-                state.show_chart(head_metric_heatmap(heads, metric), f"heads_{metric}", select=True)
+                exports.show_chart(head_metric_heatmap(heads, metric), f"heads_{metric}", select=True)
             )
             st.caption(explanation)
     if att.no_map:
@@ -71,12 +71,12 @@ def heads_and_map() -> None:
             + "; ".join(f"layer {k}: {v}" for k, v in sorted(att.no_map.items())),
             icon="ℹ",
         )
-    state.table_downloads(heads, "head_summary")
+    exports.table_downloads(heads, "head_summary")
 
     # one head's map ---------------------------------------------------------------------------------------
     st.subheader("One head's map", anchor="map")
-    layer, head = state.pick_head(
-        att.map_layers, att.layers[att.map_layers[0]].num_heads, state.clicked_head(*events)
+    layer, head = pickers.pick_head(
+        att.map_layers, att.layers[att.map_layers[0]].num_heads, pickers.clicked_head(*events)
     )
     size = WINDOW_SIZES[-1]
     if num_tokens > WINDOW_SIZES[0]:
@@ -96,7 +96,7 @@ def heads_and_map() -> None:
     block = att.block(layer, head, seq, rows=list(rows), cols=list(cols))
     cells = attention_block_frame(block, rows, cols, tokens)
     picked = heads[(heads["layer"] == layer) & (heads["head"] == head)].iloc[0]
-    state.show_chart(
+    exports.show_chart(
         attention_map_chart(cells, title=f"Layer {layer}, head {head} ({picked['kind']})"), "attention_map"
     )
     st.caption(
@@ -112,7 +112,7 @@ def heads_and_map() -> None:
     )
     m3.metric("Sink mass", f"{picked['mean_sink_mass']:.0%}", help=HEAD_METRICS["mean_sink_mass"][2])
     m4.metric("Local mass", f"{picked['mean_local_mass']:.0%}", help=HEAD_METRICS["mean_local_mass"][2])
-    state.table_downloads(cells, f"attention_L{layer}_H{head}")
+    exports.table_downloads(cells, f"attention_L{layer}_H{head}")
 
 
 @st.fragment
@@ -141,18 +141,18 @@ def kv_cache() -> None:
             "cache",
         )
     st.dataframe(per_token, hide_index=True)
-    state.table_downloads(per_token, "kv_bytes_per_token")
+    exports.table_downloads(per_token, "kv_bytes_per_token")
 
     a, b = st.columns(2)
     with a:
-        keep_last = state.number(
+        keep_last = widgets.number(
             "Keep the last W keys", "whatif_window", min(256, max(num_tokens // 2, 1)), 1, 1_000_000
         )
     with b:
-        keep_first = state.number("… plus the first G tokens", "whatif_global", 4, 0, 1_000_000)
+        keep_first = widgets.number("… plus the first G tokens", "whatif_global", 4, 0, 1_000_000)
     with st.spinner("Measuring the mass each head would lose…"):
         whatif = att.kv_cache_whatif(keep_last, keep_first)
-    state.show_chart(
+    exports.show_chart(
         kv_whatif_heatmap(whatif, title=f"Attention mass lost with W = {keep_last}, G = {keep_first}"),
         "kv_whatif",
     )
@@ -163,7 +163,7 @@ def kv_cache() -> None:
         f"what the head could no longer see. The cache would hold {kept / 2**20:.2f} MiB instead of "
         f"{full / 2**20:.2f} MiB at the longest sequence ({kept / full if full else 1:.0%})."
     )
-    state.table_downloads(whatif, "kv_whatif")
+    exports.table_downloads(whatif, "kv_whatif")
 
 
 heads_and_map()

@@ -1,14 +1,14 @@
 """Compare: two models or checkpoints on the same text, side by side and as differences."""
 
-import state
 import streamlit as st
+from components import access, caches, expert_axis, exports, pickers, prompt
 
 from moeviz.analysis import expert_balance_frame, expert_drift_frame, match_tokens, routing_agreement_frame
-from moeviz.charts import agreement_chart, load_heatmap, load_shift_heatmap
+from moeviz.charts import agreement_chart, layer_expert_heatmap, load_heatmap, load_shift_heatmap
 
 st.title("Compare")
-source = state.model_picker()
-choices = list(dict.fromkeys([source, *state.sample_sources()]))
+source = pickers.model_picker()
+choices = list(dict.fromkeys([source, *access.sample_sources()]))
 defaults = {"compare_a": source, "compare_b": "sample:mixtral-unbalanced"}
 for key, default in defaults.items():
     if st.session_state.get(key) not in choices:
@@ -19,15 +19,31 @@ source_b = right.selectbox(
     "Model B (the reference)", choices, key="compare_b", help="e.g. the final checkpoint"
 )
 st.caption("Checkpoints of a series (mixtral-healthy-series/step-…) compare training stages of one model.")
-text = state.prompt_form()
-trace_a = state.load_or_stop(source_a, text)
-trace_b = state.load_or_stop(source_b, text)
+text = prompt.prompt_form()
+trace_a = caches.load_or_stop(source_a, text)
+trace_b = caches.load_or_stop(source_b, text)
 
-left, right = st.columns(2)
-with left:
-    state.show_chart(load_heatmap(expert_balance_frame(trace_a), title=f"A: {source_a}"), "load_a")
-with right:
-    state.show_chart(load_heatmap(expert_balance_frame(trace_b), title=f"B: {source_b}"), "load_b")
+load_a, load_b = expert_balance_frame(trace_a), expert_balance_frame(trace_b)
+SCALE = expert_axis.trace_at_scale(trace_a) or expert_axis.trace_at_scale(trace_b)
+if SCALE:  # hundreds of experts: one above the other, sorted, overview + brushed detail
+    axis = expert_axis.expert_axis(load_a if expert_axis.trace_at_scale(trace_a) else load_b)
+    for key, load, name in (("load_a", load_a, f"A: {source_a}"), ("load_b", load_b, f"B: {source_b}")):
+        same = int(load["expert"].max()) + 1 == len(axis.order)  # the axis order fits this model's experts
+        heatmap = layer_expert_heatmap(
+            load,
+            "utilisation",
+            order=axis.order if same else None,
+            highlight=axis.expert if same else None,
+            order_name=axis.order_name if same else "id",
+            title=name,
+        )
+        exports.show_chart(exports.many_marks(heatmap, len(load)), key)
+else:
+    left, right = st.columns(2)
+    with left:
+        exports.show_chart(load_heatmap(load_a, title=f"A: {source_a}"), "load_a")
+    with right:
+        exports.show_chart(load_heatmap(load_b, title=f"B: {source_b}"), "load_b")
 st.caption("Utilisation c_e / (kT/E) per layer and expert in each model (white = fair share).")
 
 try:
@@ -49,18 +65,29 @@ except ValueError as exc:  # no common MoE layer, or different expert counts
     st.stop()
 
 st.subheader("Differences")
-state.show_chart(agreement_chart(agreement), "agreement")
+exports.show_chart(agreement_chart(agreement), "agreement")
 st.caption(
     "Per layer, over the same tokens: top-k overlap (saturation) = mean_t |Sᵃ_t ∩ Sᵇ_t| / |Sᵇ_t|; "
     "same top-1 = share of tokens whose top-1 expert agrees; Jaccard = mean_t |Sᵃ ∩ Sᵇ| / |Sᵃ ∪ Sᵇ|. "
     "1 = identical routing; for checkpoints, saturation near 1 means the router had already settled."
 )
-state.table_downloads(agreement, "agreement")
+exports.table_downloads(agreement, "agreement")
 
-state.show_chart(load_shift_heatmap(drift), "load_shift")
+if SCALE:
+    shift = layer_expert_heatmap(
+        drift,
+        "load_change",
+        order=axis.order,
+        highlight=axis.expert,
+        order_name=axis.order_name,
+        title="Load change B − A (tokens)",
+    )
+    exports.show_chart(exports.many_marks(shift, len(drift)), "load_shift")
+else:
+    exports.show_chart(load_shift_heatmap(drift), "load_shift")
 st.caption(
     "Load change c_e(B) − c_e(A) in tokens; hover for retained = |Tᵃ_e ∩ Tᵇ_e| / |Tᵃ_e| (of A's tokens, "
     "the share B still sends to e) and drift = 1 − Jaccard of the two token sets. Expert ids only mean the "
     "same thing across checkpoints of one run, not across independently trained models."
 )
-state.table_downloads(drift, "load_shift")
+exports.table_downloads(drift, "load_shift")

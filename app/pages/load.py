@@ -1,7 +1,7 @@
 """Load and collapse: how evenly each layer spreads tokens over its experts, and the verdicts."""
 
-import state
 import streamlit as st
+from components import docs, expert_axis, exports, pickers, prompt, scale_frames
 
 from moeviz.analysis import (
     CollapseThresholds,
@@ -10,58 +10,115 @@ from moeviz.analysis import (
     collapse_report,
     expert_balance_frame,
 )
-from moeviz.charts import balance_chart, dead_hot_experts, load_heatmap
+from moeviz.analysis.collapse import NOT_ENOUGH_TOKENS, STATUS_JUDGED, STATUS_TOO_FEW
+from moeviz.charts import balance_chart, dead_hot_experts, layer_expert_heatmap, load_heatmap
 
 INDICATORS = {
-    "load_entropy": "H(f) / log E, f_e = slot share of expert e: 1 = even, 0 = one expert takes all.",
+    "load_entropy": "H(f) / log E, f_e = c_e / (kT) the share of all kT slots: 1 = even, 0 = one expert "
+    "takes all.",
     "effective_experts": "exp(H(f)): how many equally loaded experts give the same entropy (E when even).",
-    "max_share": "max_e f_e: the busiest expert's share of all slots; 1/E when even.",
-    "max_vio": "max_e c_e / (kT/E) − 1: how far the busiest expert exceeds its fair share (0 when even).",
-    "cv": "Coefficient of variation of the counts, std(c) / mean(c) (0 when even).",
-    "gini": "Gini coefficient of the counts: 0 = even, → 1 = all on one expert.",
+    "max_share": "max_e f_e: the busiest expert's share of all kT slots; 1/E when even.",
+    "max_vio": "max_e c_e / mean_e c_e − 1 over the dispatched slots: how far the busiest expert exceeds the "
+    "mean load (0 when even; equal to max c / (kT/E) − 1 when nothing is dropped).",
+    "cv": "Coefficient of variation of the counts with the population std (ddof 0), std(c) / mean(c) "
+    "(0 when even).",
+    "cv_unbiased": "The same with the sample std (ddof 1), cv · √(E/(E−1)): the CV NeMo, Megatron-Core and "
+    "TensorRT-LLM log.",
+    "gini": "Textbook Gini coefficient of the counts, in [0, (E−1)/E]: 0 = even, (E−1)/E = all on one "
+    "expert.",
+    "gini_megatron": "Megatron-Core's Gini, gini − 1/E: −1/E when even.",
     "jain": "Jain's fairness (Σc)² / (E Σc²): 1 = even, 1/E = all on one expert.",
     "dead_fraction": "Share of experts that received no token (0 when every expert is used).",
+    "dropped_fraction": "Share of the kT slots dropped by expert capacity (0 without a capacity).",
 }
 
+
 st.title("Load and collapse")
-source = state.model_picker()
-trace = state.prompt_or_corpus_trace(source)
+source = pickers.model_picker()
+trace = prompt.prompt_or_corpus_trace(source)
 st.caption(f"{trace.model.architecture} · {len(trace.tokens)} tokens · {len(trace.layer_keys)} MoE layers")
 
 experts = expert_balance_frame(trace)
-state.show_chart(load_heatmap(experts), "load_heatmap")
+if expert_axis.trace_at_scale(trace):  # hundreds of experts: sorted, overview + brushed detail
+    axis = expert_axis.expert_axis(experts, lambda: scale_frames.coactivation_counts_all(trace))
+    heatmap = layer_expert_heatmap(
+        experts,
+        "utilisation",
+        order=axis.order,
+        highlight=axis.expert,
+        order_name=axis.order_name,
+        title="Load per layer and expert",
+    )
+    exports.show_chart(exports.many_marks(heatmap, len(experts)), "load_heatmap")
+else:
+    exports.show_chart(load_heatmap(experts), "load_heatmap")
 st.caption(
     "Utilisation u_e = c_e / (kT/E): tokens an expert received over its fair share (k slots × T tokens "
     "spread over E experts). White = exactly fair, red = overloaded, blue = underused; log₂ scale, "
     "so ½× and 2× look equally strong."
 )
-state.table_downloads(experts, "expert_load")
+exports.table_downloads(experts, "expert_load")
 
 st.subheader("Balance per layer")
 balance = balance_frame(trace)
 metric = st.selectbox("Indicator", list(INDICATORS), key="balance_metric")
-state.show_chart(balance_chart(balance, metric), "balance")
+exports.show_chart(balance_chart(balance, metric), "balance")
 st.caption(f"{INDICATORS[metric]} Dashed red tick = the value under perfectly uniform load.")
 with st.expander("All indicators, explained"):
     for name, explanation in INDICATORS.items():
         st.markdown(f"- **{name}** — {explanation}")
 st.dataframe(balance, hide_index=True)
-state.table_downloads(balance, "balance")
+exports.table_downloads(balance, "balance")
 
 st.subheader("Collapse verdicts")
 thresholds = CollapseThresholds()
 report = collapse_report(trace, thresholds)
 verdicts = collapse_frame(report)
-st.markdown(f"Model verdict: **{report.verdict.name.lower()}** (the worst layer's).")
-st.caption(
-    f"A layer is *collapsed* when one expert takes over {thresholds.collapsed_max_share:.0%} of slots, "
-    f"over {thresholds.collapsed_dead_fraction:.0%} of experts are dead or load entropy is below "
-    f"{thresholds.collapsed_load_entropy}; *warning* at {thresholds.warning_share_factor}× the fair share, "
-    f"{thresholds.warning_dead_fraction:.0%} dead or entropy below {thresholds.warning_load_entropy}. "
-    f"Load is judged only with ≥ {thresholds.min_slots_per_expert:g} slots per expert."
+judged = (verdicts["status"] == STATUS_JUDGED).any()
+st.markdown(
+    f"Model verdict: **{report.verdict.name.lower()}** (the worst layer's)."
+    + (
+        ""
+        if judged
+        else f" No layer was judged on load: {NOT_ENOUGH_TOKENS}; give a longer or several texts."
+    )
 )
-st.dataframe(verdicts, hide_index=True)
-state.table_downloads(verdicts, "collapse_verdicts")
+st.caption(
+    f"A load threshold (warning: {thresholds.warning_dead_fraction:.0%} dead, "
+    f"{thresholds.warning_share_factor}× the fair share or entropy < {thresholds.warning_load_entropy}; "
+    f"collapsed: {thresholds.collapsed_dead_fraction:.0%} dead, > {thresholds.collapsed_max_share:.0%} on "
+    f"one expert or entropy < {thresholds.collapsed_load_entropy}) counts only when significant against "
+    f"uniform routing: p < α / (3 · layers), α = {thresholds.alpha:g} (column `alpha`). Tokens of one text "
+    f"are not independent (one text ≈ at most {1 / thresholds.token_correlation:g} effective tokens), so a "
+    f"layer with too few is *{NOT_ENOUGH_TOKENS}*."
+)
+shown = verdicts.assign(status=verdicts["status"].replace({STATUS_TOO_FEW: NOT_ENOUGH_TOKENS}))
+st.dataframe(
+    shown,
+    hide_index=True,
+    column_config={
+        "reasons": st.column_config.TextColumn("reasons", width="large"),
+        "notes": st.column_config.TextColumn("notes", width="large"),
+        "effective_tokens": st.column_config.NumberColumn(
+            "effective_tokens", format="%.1f", help="Kish effective sample size of the layer's tokens"
+        ),
+        **{
+            name: st.column_config.NumberColumn(
+                name, format="%.2g", help=f"p-value of {name[2:]} (NaN: not fired)"
+            )
+            for name in ("p_dead", "p_max_share", "p_entropy")
+        },
+    },
+)
+for row in verdicts.itertuples():
+    lines = [text for text in (row.reasons, row.notes) if text]
+    if lines:
+        st.markdown(f"- **Layer {row.layer}** ({row.verdict}): " + "; ".join(lines))
+exports.table_downloads(verdicts, "collapse_verdicts")
+rule = docs.verdict_rule()
+if rule:
+    with st.expander("How a verdict is reached (docs/verdicts.md)"):
+        st.markdown(rule)
 
 st.subheader("Dead and hot experts")
 flagged = dead_hot_experts(experts, hot_factor=thresholds.warning_share_factor)
@@ -72,4 +129,4 @@ if flagged.empty:
     st.success("No dead or hot expert.")
 else:
     st.dataframe(flagged, hide_index=True)
-state.table_downloads(flagged, "dead_hot_experts")
+exports.table_downloads(flagged, "dead_hot_experts")

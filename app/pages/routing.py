@@ -1,60 +1,74 @@
 """Routing: which experts each token of a prompt was sent to, layer by layer, and one token in detail."""
 
-import state
 import streamlit as st
+from components import caches, expert_axis, exports, pickers, prompt, scale_frames, widgets
+from components.routing_frames import band_text, layer_line
 
+from moeviz.analysis import token_confidence_frame, token_scores_frame
 from moeviz.charts import (
     attention_row_chart,
     attention_row_frame,
     binned_dispatch_heatmap,
     expert_load_chart,
+    expert_load_curve_chart,
     expert_timeline_chart,
+    layer_expert_heatmap,
     router_score_heatmap,
     token_layer_scores_chart,
     token_margin_chart,
     token_options,
     token_path_chart,
+    token_rank_path_chart,
     token_strip_chart,
     token_window,
 )
 
 MAX_TOKENS = 200  # tokens per heatmap window
 MAX_KEYS = 200  # keys shown of a token's attention row
+SCALE_TOKENS = 64  # tokens per heatmap window over 20 experts (× the top-N experts: the browser draws each)
+SCALE_BINS = 50  # bins of the whole-input overview over 20 experts
 
 st.title("Routing")
-source = state.model_picker()
-text = state.prompt_form()
-trace = state.load_or_stop(source, text)
-frames = state.routing_frames(source, text)
+source = pickers.model_picker()
+text = prompt.prompt_form()
+trace = caches.load_or_stop(source, text)
+# Over 20 experts (DeepSeek-V3, Kimi-K2: 256–384) the views at scale, from per-layer frames; up to 20 the
+# 8-expert views, from frames of every layer built once.
+SCALE = expert_axis.trace_at_scale(trace)
+frames = caches.scale_frames(source, text) if SCALE else caches.routing_frames(source, text)
 st.caption(f"{trace.model.architecture} · {len(trace.tokens)} tokens · {len(trace.layer_keys)} MoE layers")
 num_tokens = max(trace.layer(layer, site).logits.shape[0] for site, layer in trace.layer_keys)  # per layer
 
 # Each interaction reruns only the fragment that shows it: a layer switch redraws the layer's views, a
 # clicked cell redraws the heatmap and its token, an expert choice redraws the timeline. Widgets that
 # change everything (model, prompt, window) stay outside.
+# At scale the detail window is narrower (each token is a column of N experts) and the overview coarser.
+WINDOW, BINS = (SCALE_TOKENS, SCALE_BINS) if SCALE else (MAX_TOKENS, 100)
 start = 0
-if num_tokens > MAX_TOKENS:
+if num_tokens > WINDOW:
     st.info(f"{num_tokens} tokens: the overview below is binned; the detailed views show a window.")
-    start = st.slider("First token shown", 0, num_tokens - MAX_TOKENS, 0, step=max(MAX_TOKENS // 4, 1))
-lo, _ = token_window(num_tokens, max_tokens=MAX_TOKENS, start=start)
+    start = st.slider("First token shown", 0, num_tokens - WINDOW, 0, step=max(WINDOW // 4, 1))
+lo, _ = token_window(num_tokens, max_tokens=WINDOW, start=start)
 
 
 @st.fragment
 def layer_views() -> None:
     """The chosen MoE layer: binned overview, token strip, score heatmap with its drill-down, expert load."""
-    site, layer = state.pick_layer(trace)
+    site, layer = pickers.pick_layer(trace)
     routing = trace.layer(layer, site)
+    st.caption(layer_line(layer, frames.layer_balance(site, layer)))
+    if SCALE:
+        layer_views_at_scale(site, layer)
+        return
     scores = frames.layer_scores(site, layer)
-    summary = frames.summary.loc[(site, layer)]
-    st.caption(f"Layer {layer}: {int(summary['experts'])} experts, top-{int(summary['top_k'])}")
     # Overview and strip sit above the heatmap but are drawn after it: the heatmap, what a layer switch is
     # for, reaches the browser first.
     above = st.container()
     heatmap_and_token(site, layer)
     with above:
         if num_tokens > MAX_TOKENS:
-            state.show_chart(
-                state.many_marks(
+            exports.show_chart(
+                exports.many_marks(
                     binned_dispatch_heatmap(
                         scores, max_bins=100, title=f"Dispatch over the whole input, layer {layer}"
                     ),
@@ -63,8 +77,8 @@ def layer_views() -> None:
                 "binned",
             )
         layer_rows = frames.layer_routing(site, layer)
-        state.show_chart(
-            state.many_marks(
+        exports.show_chart(
+            exports.many_marks(
                 token_strip_chart(
                     layer_rows,
                     num_experts=routing.num_experts,
@@ -87,8 +101,8 @@ def layer_views() -> None:
 def heatmap_and_token(site: str, layer: int) -> None:
     """The layer's score heatmap and the token clicked in it (a click reruns only this)."""
     scores = frames.layer_scores(site, layer)
-    event = state.show_chart(
-        state.many_marks(
+    event = exports.show_chart(
+        exports.many_marks(
             router_score_heatmap(
                 scores, max_tokens=MAX_TOKENS, start=lo, title=f"Router scores, layer {layer}"
             ),
@@ -102,34 +116,34 @@ def heatmap_and_token(site: str, layer: int) -> None:
         "● = expert the token was dispatched to; hover a cell for its logit and the combination weight the "
         "model used (0 where not dispatched). Click a cell to open its token below."
     )
-    token_detail(layer, state.clicked_token(event))
+    token_detail(layer, pickers.clicked_token(event))
 
 
 def token_detail(layer: int, clicked: tuple[int, int] | None) -> None:
     st.subheader("One token in detail", anchor="token")
     # The tokens of the window on show (a long input's picker would ship every token to the browser).
-    seq, pos = state.pick_token(token_options(trace.tokens.iloc[lo : lo + MAX_TOKENS]), clicked)
+    seq, pos = pickers.pick_token(token_options(trace.tokens.iloc[lo : lo + MAX_TOKENS]), clicked)
     mine_conf, scores_chart, path_chart, margin_chart = token_charts(seq, pos, st.session_state["token"])
     st.page_link("pages/why.py", label="Why this expert? Attribution and what-if for this token", icon="❓")
     with st.container(key="drilldown"):
         c1, c2, c3 = st.columns(3)
         with c1:
-            state.show_chart(scores_chart, "token_scores")
+            exports.show_chart(scores_chart, "token_scores")
             st.caption("Router scores of this token at every MoE layer; ● = dispatched.")
         with c2:
-            state.show_chart(path_chart, "token_path")
+            exports.show_chart(path_chart, "token_path")
             st.caption(
                 "Its experts layer by layer; dot size = combination weight, dashed line joins the top-1 "
                 "experts."
             )
         with c3:
-            state.show_chart(margin_chart, "token_margin")
+            exports.show_chart(margin_chart, "token_margin")
             st.caption(
                 "Top-k margin m = (min_{e∈S} p − max_{e∉S} p) / min_{e∈S} p: how far the weakest chosen "
                 "expert beat the best rejected one (0 = a tie decided it)."
             )
         st.dataframe(mine_conf, hide_index=True)
-        state.table_downloads(mine_conf, "token_confidence")
+        exports.table_downloads(mine_conf, "token_confidence")
         attention_row(layer, seq, pos)
 
 
@@ -148,17 +162,17 @@ def token_charts(seq: int, pos: int, label: str):
 
 def attention_row(layer: int, seq: int, pos: int) -> None:
     st.markdown("**Its attention row**")
-    att = state.get_attention(source, text)
+    att = caches.get_attention(source, text)
     if att is None or not att.map_layers:
         st.info("This model has no softmax attention map for this token.", icon="ℹ")
         return
     layers = att.map_layers
     if layer in layers and "attention_layer" not in st.session_state:
         st.session_state["attention_layer"] = layer  # start at the MoE layer on show
-    att_layer, head = state.pick_head(layers, att.layers[layers[0]].num_heads, None)
+    att_layer, head = pickers.pick_head(layers, att.layers[layers[0]].num_heads, None)
     seq_tokens = trace.tokens[trace.tokens["seq"] == seq]
     row = attention_row_frame(att.row(att_layer, head, seq, pos), seq_tokens, pos=pos, max_keys=MAX_KEYS)
-    state.show_chart(
+    exports.show_chart(
         attention_row_chart(
             row, title=f"Attention of {st.session_state['token']!r}, layer {att_layer}, head {head}"
         ),
@@ -169,42 +183,63 @@ def attention_row(layer: int, seq: int, pos: int) -> None:
         f"earlier key (the last {MAX_KEYS} shown; exact, recomputed from the captured queries and keys). "
         "The Attention page shows every head."
     )
-    state.table_downloads(row, "token_attention")
+    exports.table_downloads(row, "token_attention")
 
 
-def load_view(site: str, layer: int, num_experts: int) -> None:
-    summary = frames.summary.loc[(site, layer)]
-    load = frames.load[(frames.load["layer"] == layer) & (frames.load["site"] == site)]
+def load_view(site: str, layer: int, num_experts: int, highlight: int | None = None) -> None:
+    summary = frames.layer_balance(site, layer)
+    load = frames.layer_load(site, layer)
+    dropped = int(summary["dropped"])
+    # bootstrap bands (tokens resampled) up to 20 experts; at scale the curve shows none
+    bands, spread = (
+        (None, {}) if SCALE else caches.layer_load_bands(source, text, site, layer, trace.layer(layer, site))
+    )
     left, right = st.columns([3, 2])
     with left:
-        state.show_chart(expert_load_chart(load, title=f"Expert load, layer {layer}"), "load")
+        title = f"Expert load, layer {layer}"
+        chart = (
+            expert_load_curve_chart(load, highlight=highlight, title=title)
+            if SCALE
+            else expert_load_chart(load, title=title, bands=bands)
+        )
+        exports.show_chart(chart, "load")
     with right:
-        a, b, c = st.columns(3)
-        a.metric("Load entropy", f"{summary['load_entropy']:.2f}", help="H(load) / log E; 1 = perfectly even")
-        b.metric("Max share", f"{summary['max_share']:.0%}", help=f"Fair share is {1 / num_experts:.0%}")
-        c.metric("Dead experts", int(summary["dead_experts"]), help="Experts that received no token")
-        st.caption(
-            "Bars: tokens dispatched to each expert in this layer (a token counts once per expert it uses). "
-            "Dashed line: the fair share, what every expert would get if the load were even."
+        metrics = st.columns(4 if dropped else 3)
+        metrics[0].metric(
+            "Load entropy",
+            f"{summary['load_entropy']:.2f}",
+            help="H(load) / log E; 1 = perfectly even" + band_text(spread, "load_entropy", "{:.2f}"),
         )
-        d1, d2 = st.columns(2)
-        # Files are built only when clicked; a click does not rerun the page.
-        d1.download_button(
-            "Routing table (CSV)",
-            state.routing_csv(frames.routing),
-            "routing.csv",
-            "text/csv",
-            icon="⬇",
-            on_click="ignore",
+        metrics[1].metric(
+            "Max share",
+            f"{summary['max_share']:.0%}",
+            help=f"The busiest expert's share of all kT slots; the fair share is {1 / num_experts:.1%}"
+            + band_text(spread, "max_share", "{:.1%}"),
         )
-        d2.download_button(
-            "Routing table (Parquet)",
-            state.routing_parquet(trace),
-            "routing.parquet",
-            "application/vnd.apache.parquet",
-            icon="⬇",
-            on_click="ignore",
-        )
+        metrics[2].metric("Dead experts", int(summary["dead_experts"]), help="Experts that received no token")
+        if dropped:
+            metrics[3].metric(
+                "Dropped",
+                f"{summary['dropped_fraction']:.1%}",
+                help=f"{dropped:,} of the kT slots dropped by expert capacity (no expert ran them)",
+            )
+        if SCALE:
+            st.caption(
+                "Curve: each expert's utilisation c_e / (kT/E), busiest first (a token counts once per "
+                "expert it uses); dashed line: the fair share kT/E; the chosen expert marked. Dropped slots "
+                "are not drawn (see the Dropped metric)."
+            )
+        else:
+            st.caption(
+                "Bars: tokens dispatched to each expert in this layer (a token counts once per expert it "
+                "uses). Dashed line: the fair share kT/E, what every expert would get if the load were even; "
+                "grey bar: the slots dropped by expert capacity (when any). Whiskers: 90% bootstrap band "
+                "(tokens resampled; too narrow for one text, whose tokens are not independent)."
+            )
+        if SCALE:
+            exports.routing_downloads_lazy(trace)
+        else:
+            exports.routing_downloads(frames.routing, trace)
 
 
 @st.fragment
@@ -214,8 +249,8 @@ def expert_timeline() -> None:
     sites = list(dict.fromkeys(site for site, _ in trace.layer_keys))
     site = st.selectbox("Site", sites, key="timeline_site") if len(sites) > 1 else sites[0]
     layer = next(layer for s, layer in trace.layer_keys if s == site)
-    expert = state.pick_expert(trace.layer(layer, site).num_experts)
-    state.show_chart(
+    expert = pickers.pick_expert(trace.layer(layer, site).num_experts)
+    exports.show_chart(
         expert_timeline_chart(
             frames.scores[frames.scores["site"] == site], expert, max_tokens=MAX_TOKENS, start=lo
         ),
@@ -226,5 +261,184 @@ def expert_timeline() -> None:
     )
 
 
+# ---- over 20 experts ---------------------------------------------------------------------------------------
+# A layer switch redraws only the layer's views (binned overview, strip, heatmap, load curve); the token's
+# drill-down (every layer × every expert) is a fragment of its own, moved by a heatmap click (a full rerun),
+# and the expert timeline is drawn on request: each is tens of thousands of marks for the browser.
+def layer_views_at_scale(site: str, layer: int) -> None:
+    """The chosen layer at scale: the expert axis (sort, top-N, searchable picker), binned overview and
+    token strip (by expert group or id, the chosen expert outlined), the score heatmap of the shown experts
+    (a click opens its token below), the load curve."""
+    routing = trace.layer(layer, site)
+    axis = expert_axis.expert_axis(
+        frames.layer_load(site, layer), lambda: scale_frames.coactivation_counts(trace, site, layer)
+    )
+    scores = scale_frames.layer_scores(trace, site, layer, axis.shown)
+    above = st.container()
+    heatmap_at_scale(site, layer, axis, scores)
+    with above:
+        if num_tokens > WINDOW:
+            binned = binned_dispatch_heatmap(
+                scores, max_bins=BINS, title=f"Dispatch over the whole input, layer {layer}"
+            )
+            exports.show_chart(
+                exports.many_marks(expert_axis.sort_axis(binned, axis.shown), BINS * len(axis.shown)),
+                "binned",
+            )
+        exports.show_chart(
+            exports.many_marks(
+                token_strip_chart(
+                    frames.layer_routing(site, layer),
+                    num_experts=routing.num_experts,
+                    max_tokens=WINDOW,
+                    start=lo,
+                    title=f"Tokens by top-1 expert, layer {layer}",
+                    n_group=routing.n_group,
+                    highlight=axis.expert,
+                ),
+                2 * min(num_tokens, WINDOW),
+            ),
+            "strip",
+        )
+        grouped = routing.n_group and routing.n_group > 1
+        st.caption(
+            "Each token is coloured by the expert with the largest combination weight at this layer: "
+            + (
+                f"by its group ({routing.n_group} groups of {routing.num_experts // routing.n_group} experts)"
+                if grouped
+                else "on a continuous scale of expert ids"
+            )
+            + f"; outlined: tokens whose top-1 is expert {axis.expert}. Hover for the expert."
+        )
+    load_view(site, layer, routing.num_experts, axis.expert)
+
+
+def heatmap_at_scale(site: str, layer: int, axis: expert_axis.ExpertAxis, scores) -> None:
+    """The score heatmap of the shown experts; a newly clicked cell opens its token in the drill-down."""
+    event = exports.show_chart(
+        exports.many_marks(
+            expert_axis.sort_axis(
+                router_score_heatmap(
+                    scores,
+                    max_tokens=WINDOW,
+                    start=lo,
+                    title=f"Router scores, layer {layer}",
+                    experts=axis.shown,
+                ),
+                axis.shown,
+            ),
+            min(num_tokens, WINDOW) * len(axis.shown),
+        ),
+        "heatmap",
+        select=True,
+    )
+    routing = trace.layer(layer, site)
+    st.caption(
+        f"The {len(axis.shown)} busiest of {routing.num_experts} experts at this layer (top-N, and the "
+        f"chosen one), sorted by {axis.order_name}. Colour = router score = {routing.score_fn}(router "
+        "logits), before top-k; ● = dispatched; hover for logit and weight. Click a cell to open "
+        "its token below."
+    )
+    clicked = pickers.clicked_token(event)
+    if widgets.new_click(clicked, "scale_cell_clicked"):
+        st.session_state["scale_token_click"] = clicked
+        st.rerun()  # the whole page: the drill-down is a fragment of its own
+
+
+RANK_BY = {"score": "router score p", "selection_score": "selection score p + b", "load": "layer load"}
+
+
+@st.fragment
+def token_detail_at_scale() -> None:
+    """One token at scale: its scores as a layer × expert heatmap (overview + brushed detail, experts in
+    the order chosen above, over all layers), its path as layer × rank, its margins; computed for this
+    token alone."""
+    st.subheader("One token in detail", anchor="token")
+    clicked = st.session_state.get("scale_token_click")
+    seq, pos = pickers.pick_token(token_options(trace.tokens.iloc[lo : lo + WINDOW]), clicked)
+    label = st.session_state["token"]
+    by = st.session_state.get("expert_sort", "id")
+    order = frames.order(by)
+    expert = st.session_state.get("expert")
+    mine = token_scores_frame(trace, seq, pos)
+    confidence = token_confidence_frame(trace, seq, pos)
+    layers = pickers.layer_options(trace.layer_keys)
+    site, layer = layers.get(st.session_state.get("layer"), trace.layer_keys[0])  # the layer on show above
+    st.page_link("pages/why.py", label="Why this expert? Attribution and what-if for this token", icon="❓")
+    with st.container(key="drilldown"):
+        name = expert_axis.ORDER_NAMES.get(by, by)
+        exports.show_chart(
+            exports.many_marks(
+                layer_expert_heatmap(
+                    mine,
+                    "score",
+                    order=order,
+                    highlight=expert,
+                    order_name=f"{name} (all layers)" if by != "id" else name,
+                    title=f"Scores of {label!r}",
+                ),
+                len(mine),
+            ),
+            "token_scores",
+        )
+        st.caption(
+            "Router scores of this token at every MoE layer; ● = dispatched"
+            + (f", expert {expert} outlined" if expert is not None else "")
+            + ". Experts sorted as chosen above, over all layers. Drag over the overview to show a range."
+        )
+        c1, c2 = st.columns(2)
+        with c1:
+            rank_by = st.radio(
+                "Rank experts by", list(RANK_BY), format_func=RANK_BY.get, horizontal=True, key="path_rank"
+            )
+            exports.show_chart(
+                token_rank_path_chart(mine, rank_by=rank_by, load=frames.load, title=f"Path of {label!r}"),
+                "token_path",
+            )
+            st.caption(
+                "Where its experts stand in each layer's ranking (0 = first); dot size = combination weight, "
+                "colour = slot, dashed line joins the top-1 experts. A dispatched expert below rank k was "
+                "promoted by the balancing bias or a group limit."
+            )
+        with c2:
+            exports.show_chart(token_margin_chart(confidence), "token_margin")
+            st.caption(expert_axis.margin_caption(trace.layer(layer, site)))
+        st.dataframe(confidence, hide_index=True)
+        exports.table_downloads(confidence, "token_confidence")
+        attention_row(layer, seq, pos)
+
+
+@st.fragment
+def expert_timeline_at_scale() -> None:
+    """One expert's score over layers × tokens, on request (its own searchable picker, sharing the kept
+    expert)."""
+    st.subheader("One expert across layers")
+    if not widgets.toggle(
+        "Show one expert's score at every layer",
+        "scale_timeline",
+        help=f"{len(trace.layer_keys)} layers × up to {WINDOW} tokens: drawn only when asked for.",
+    ):
+        return
+    sites = list(dict.fromkeys(site for site, _ in trace.layer_keys))
+    site = st.selectbox("Site", sites, key="timeline_site") if len(sites) > 1 else sites[0]
+    expert = expert_axis.pick_expert(frames.load[frames.load["site"] == site], widget_key="timeline_expert")
+    exports.show_chart(
+        exports.many_marks(
+            expert_timeline_chart(
+                scale_frames.expert_scores(trace, site, expert), expert, max_tokens=WINDOW, start=lo
+            ),
+            min(num_tokens, WINDOW) * len(trace.layer_keys),
+        ),
+        "timeline",
+    )
+    st.caption(
+        "Colour = this expert's router score for each token at each MoE layer; ● = the token was sent to it."
+    )
+
+
 layer_views()
-expert_timeline()
+if SCALE:
+    token_detail_at_scale()
+    expert_timeline_at_scale()
+else:
+    expert_timeline()

@@ -1,9 +1,10 @@
 """Why this expert? Attribution of a router's choice over the prompt, and what-if routing controls."""
 
-import state
 import streamlit as st
+from components import caches, expert_axis, exports, pickers, prompt
 
 import moeviz
+from moeviz.analysis import expert_balance_frame
 from moeviz.attribution import router_attribution
 from moeviz.charts.attribution import attribution_strip_chart, importance_chart
 from moeviz.charts.tables import token_options
@@ -12,10 +13,10 @@ from moeviz.interventions import DisableExpert, ForceExpert, NextBest, counterfa
 MAX_TOKENS = 2048  # longer prompts: minutes of attribution that would hold the server
 
 st.title("Why this expert?")
-source = state.model_picker()
-prompt = state.prompt_form()
-trace = state.load_or_stop(source, prompt)
-loaded = state.get_model(source)
+source = pickers.model_picker()
+prompt = prompt.prompt_form()
+trace = caches.load_or_stop(source, prompt)
+loaded = caches.get_model(source)
 tokens = trace.tokens[trace.tokens["seq"] == 0]
 if len(tokens) > MAX_TOKENS:
     st.info(
@@ -28,12 +29,18 @@ if len(tokens) > MAX_TOKENS:
 options = token_options(tokens)  # the Routing page's labels: a token picked there stays picked here
 # Explaining the first token explains nothing (it sees only itself): default to the last one.
 st.session_state.setdefault("token", list(options)[-1])
-_, pos = state.pick_token(options, None)
-site, layer = state.pick_layer(trace)
+_, pos = pickers.pick_token(options, None)
+site, layer = pickers.pick_layer(trace)
 routing = trace.layer(layer, site)
 row = int(tokens.index[tokens["pos"] == pos][0])
 chosen = [int(e) for e in routing.experts[list(routing.token_rows).index(row)] if e >= 0]
-expert = state.pick_expert(routing.num_experts, label=f"Expert (dispatched here: {chosen})")
+label = f"Expert (dispatched here: {chosen})"
+if expert_axis.at_scale(routing.num_experts):  # a searchable picker: type an id
+    layer_load = expert_balance_frame(trace)
+    layer_load = layer_load[(layer_load["layer"] == layer) & (layer_load["site"] == site)]
+    expert = expert_axis.pick_expert(layer_load, label=label)
+else:
+    expert = pickers.pick_expert(routing.num_experts, label=label)
 ids = [int(i) for i in tokens["token_id"]]
 results = st.session_state.setdefault("why_results", {})
 
@@ -76,11 +83,11 @@ if key in results:
     for message in res.warnings:
         st.warning(message + " Top-k switches along the path make MoE outputs non-smooth.")
     frame = res.frame()
-    state.show_chart(attribution_strip_chart(frame, title=res.what), "why_ig")
-    state.show_chart(
+    exports.show_chart(attribution_strip_chart(frame, title=res.what), "why_ig")
+    exports.show_chart(
         attribution_strip_chart(frame, value="ablation", title="feature ablation"), "why_ablation"
     )
-    state.table_downloads(frame, "attribution")
+    exports.table_downloads(frame, "attribution")
 
 st.subheader("What if?")
 kind = st.radio(
@@ -127,7 +134,7 @@ if cf_key in results:
     changes = cf.routing_changes()
     st.caption("Tokens whose dispatched experts changed (later layers and later tokens):")
     st.dataframe(changes[changes["changed"]], hide_index=True)
-    state.table_downloads(cf.token_frame(), "whatif_logprobs")
+    exports.table_downloads(cf.token_frame(), "whatif_logprobs")
 
 st.subheader("Expert importance over the prompt")
 imp_key = ("imp", source, tuple(ids))
@@ -141,5 +148,5 @@ if st.button("Disable each expert in turn", key="why_importance_run"):
         st.error(str(exc))
     bar.empty()
 if imp_key in results:
-    state.show_chart(importance_chart(results[imp_key]), "why_importance")
-    state.table_downloads(results[imp_key], "expert_importance")
+    exports.show_chart(importance_chart(results[imp_key]), "why_importance")
+    exports.table_downloads(results[imp_key], "expert_importance")

@@ -1,8 +1,5 @@
 """Pure analysis functions over a Trace or its frames."""
 
-from moeviz.analysis.load import expert_load_frame, layer_summary_frame, load_stats
-
-# isort: split
 # balance, losses, confidence, collapse
 from moeviz.analysis.collapse import (
     CollapseReport,
@@ -18,9 +15,18 @@ from moeviz.analysis.load import (
     BalanceStats,
     balance_frame,
     balance_stats,
+    ep_balancedness_over_layers,
     expert_balance_frame,
 )
-from moeviz.analysis.losses import aux_loss, aux_loss_pooled, loss_frame, loss_stats, router_probs, z_loss
+from moeviz.analysis.losses import (
+    aux_loss,
+    aux_loss_pooled,
+    loss_frame,
+    loss_stats,
+    router_probs,
+    seq_aux_loss,
+    z_loss,
+)
 
 # isort: split
 # specialisation, structure, checkpoint comparison
@@ -48,9 +54,13 @@ from moeviz.analysis.structure import (
     uniform_repetition_baselines,
 )
 
-__all__ = ["expert_load_frame", "layer_summary_frame", "load_stats"]
+# isort: split
+# views at scale: expert axis orders and filters, one token's frames without the N × E tables
+from moeviz.analysis.expert_order import expert_options, expert_order, top_experts
+from moeviz.analysis.scale_frames import mean_score_frame, token_confidence_frame, token_scores_frame
+
 # balance, losses, confidence, collapse
-__all__ += [
+__all__ = [
     "BalanceStats",
     "CollapseReport",
     "CollapseThresholds",
@@ -64,12 +74,14 @@ __all__ += [
     "collapse_report",
     "confidence_frame",
     "confidence_summary_frame",
+    "ep_balancedness_over_layers",
     "expert_balance_frame",
     "layer_confidence",
     "layer_verdict",
     "loss_frame",
     "loss_stats",
     "router_probs",
+    "seq_aux_loss",
     "z_loss",
 ]
 # specialisation, structure, checkpoint comparison
@@ -91,4 +103,13 @@ __all__ += [
     "uniform_repetition_baselines",
     "vocabulary_specialisation_frame",
     "vocabulary_token_frame",
+]
+# views at scale
+__all__ += [
+    "expert_options",
+    "expert_order",
+    "mean_score_frame",
+    "token_confidence_frame",
+    "token_scores_frame",
+    "top_experts",
 ]

@@ -1,6 +1,6 @@
 """Two traces of the same tokens: checkpoints of one run, or any two routings of one text.
 
-Router saturation (OLMoE, arXiv 2409.02060; shared/docs/routing-metrics.md "Checkpoints"):
+Router saturation (OLMoE, arXiv 2409.02060; docs/routing-metrics.md "Checkpoints"):
 Sat_ℓ(c) = mean_t |S^{(c)}_t ∩ S^{(final)}_t| / k over a fixed token set, plus the top-1 variant
 mean_t [top-1^{(c)}_t = top-1^{(final)}_t]. With capacity drops, k is replaced per token by |S^{(final)}_t|
 (the experts the final actually dispatched; a token the final dropped entirely scores 1 if the checkpoint

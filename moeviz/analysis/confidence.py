@@ -1,4 +1,4 @@
-"""Per-token router confidence and fragility (definitions: shared/docs/routing-metrics.md).
+"""Per-token router confidence and fragility (definitions: docs/routing-metrics.md).
 
 p[t, e] is the router's probability distribution (`losses.router_probs`: softmax scores, or sigmoid scores
 normalised to sum 1). S_t is the router's decision: the dispatched experts, where a slot dropped by capacity
@@ -10,6 +10,10 @@ normalised to sum 1). S_t is the router's decision: the dispatched experts, wher
   For a biased router p did not make the decision, so m_t is often 0 there; margin_selection is the same
   formula on the selection scores p + b (what the decision was made on), NaN where min_{S_t}(p + b) <= 0.
   When k = E nothing lies outside S_t: margin = 1 (max over the empty set taken as 0), margin_selection NaN.
+- group-limited routers (DeepSeek-V2/V3, GLM-4.5, Kimi: `LayerRouting.n_group`): an expert outside the
+  token's chosen groups was never a candidate, so both margins take the max over the *eligible* experts
+  not in S_t, i.e. those of the chosen groups (`eligible_experts`), not over all experts. Over all experts
+  the selection margin of such a router is 0 for most tokens (a strong expert of an unchosen group).
 - unbiased_overlap = |topk(p) ∩ S_t| / k for routers with a balancing bias (NaN without one): 1 = the bias
   changed nothing for this token.
 """
@@ -58,11 +62,43 @@ def decision_set(routing: LayerRouting) -> np.ndarray:
     return filled
 
 
-def topk_margin(values: np.ndarray, selected: np.ndarray, empty_outside: float | None = 0.0) -> np.ndarray:
+def eligible_experts(routing: LayerRouting, chosen: np.ndarray | None = None) -> np.ndarray | None:
+    """[N, E] bool: the experts each token could have been dispatched to under group-limited routing, i.e.
+    the experts of its `topk_group` best groups by the router's group score of the selection scores
+    ("top2_sum": sum of the group's two best, DeepSeek-V3; "max": DeepSeek-V2), plus the groups of the
+    experts in `chosen` [N, k] (-1 ignored), so that the decision itself is always eligible. None when the
+    layer does not limit groups (every expert is eligible)."""
+    n_group, topk_group = routing.n_group, routing.topk_group
+    n, e = routing.selection_scores.shape
+    if not n_group or not topk_group or n_group <= 1 or topk_group >= n_group or e % n_group:
+        return None
+    size = e // n_group
+    grouped = np.asarray(routing.selection_scores, dtype=np.float32).reshape(n, n_group, size)
+    if routing.group_score == "max":
+        group_scores = grouped.max(axis=2)
+    else:  # "top2_sum", the DeepSeek-V3 rule
+        best2 = -np.partition(-grouped, 1, axis=2)[:, :, :2] if size > 1 else grouped
+        group_scores = best2.sum(axis=2)
+    keep = np.zeros((n, n_group), dtype=bool)
+    np.put_along_axis(keep, top_k_indices(group_scores, topk_group, ordered=False), True, axis=1)
+    if chosen is not None:
+        rows, slots = np.nonzero(chosen >= 0)
+        keep[rows, chosen[rows, slots] // size] = True
+    return np.repeat(keep, size, axis=1)
+
+
+def topk_margin(
+    values: np.ndarray,
+    selected: np.ndarray,
+    empty_outside: float | None = 0.0,
+    eligible: np.ndarray | None = None,
+) -> np.ndarray:
     """m_t = (min_{S_t} v − max_{∉S_t} v) / min_{S_t} v clipped at 0, per row [N] of values [N, E].
 
     `selected` [N, k] distinct ids per row (-1 ignored). Rows whose min_{S_t} v <= 0 or whose S_t is empty
     give NaN. When S_t covers every expert the max outside is `empty_outside` (None → the margin is NaN).
+    `eligible` [N, E] bool (group-limited routing, see `eligible_experts`): only eligible experts outside
+    S_t compete; when none is left the max outside is `empty_outside` too.
     """
     values = np.asarray(values, dtype=np.float32)
     selected = np.asarray(selected)
@@ -72,7 +108,7 @@ def topk_margin(values: np.ndarray, selected: np.ndarray, empty_outside: float |
         selected if valid.all() else np.maximum(np.where(valid, selected, rowwise_max(selected)[:, None]), 0)
     )
     inside = rowwise_min(np.where(valid, np.take_along_axis(values, safe, axis=1), np.inf))
-    masked = values.copy()
+    masked = values.copy() if eligible is None else np.where(eligible, values, np.float32(-np.inf))
     np.put_along_axis(masked, safe, -np.inf, axis=1)
     outside = rowwise_max(masked)
     full = outside == -np.inf  # nothing left outside S_t
@@ -115,17 +151,20 @@ def layer_confidence(routing: LayerRouting) -> LayerConfidence:
     # clipped: fp32 rounding can put a uniform row a hair above 1
     entropy_norm = np.minimum(entropy / np.float32(np.log(e)), 1) if e > 1 else np.zeros(n, np.float32)
     chosen = decision_set(routing)
+    eligible = eligible_experts(routing, chosen)
     nan = np.full(n, np.nan, dtype=np.float32)
     if routing.bias is None:
         margin_selection = overlap = nan
     else:
-        margin_selection = topk_margin(routing.selection_scores, chosen, empty_outside=None)
+        margin_selection = topk_margin(
+            routing.selection_scores, chosen, empty_outside=None, eligible=eligible
+        )
         overlap = topk_overlap(probs, chosen, routing.k)
     return LayerConfidence(
         entropy=entropy,
         entropy_norm=entropy_norm.astype(np.float32),
         top1_score=rowwise_max(probs) if e else nan,
-        margin=topk_margin(probs, chosen),
+        margin=topk_margin(probs, chosen, eligible=eligible),
         margin_selection=margin_selection,
         unbiased_overlap=overlap,
         dropped=rowwise_sum(routing.experts < 0),

@@ -1,6 +1,17 @@
-"""Expert load and the basic balance indicators (definitions: shared/docs/routing-metrics.md).
+"""Expert load and every balance indicator (definitions: docs/routing-metrics.md, "Load and balance").
 
-Loads count dispatched (token, expert) pairs; slots dropped by capacity (-1) count for no expert.
+One vocabulary across the library, the CLI, the store, the charts and the app. Notation: T tokens routed by
+the layer, k slots per token, E experts, c_e = dispatched slots of expert e; slots dropped by capacity
+(expert -1) count for no expert and are their own quantity (`dropped`, `dropped_fraction` = dropped / kT).
+Shares are of all kT slots: f_e = c_e / (kT), so Σ_e f_e + dropped_fraction = 1 (uniform f_e = 1/E).
+
+Conventions (other tools log some of these differently; the peer-comparable value is a column of its own):
+- cv: population std(c) / mean(c) (ddof = 0). cv_unbiased: the sample std (ddof = 1), = cv · √(E/(E−1)),
+  as NeMo, Megatron-Core and TensorRT-LLM log it.
+- gini: the textbook Gini coefficient, in [0, (E−1)/E]. gini_megatron: gini − 1/E, as Megatron-Core's
+  router diagnostics log it (−1/E for an even load).
+- ep_balancedness: per layer mean_d L_d / max_d L_d (vLLM / SGLang EPLB, per layer);
+  `ep_balancedness_over_layers`: Σ_layers mean_d L_d / Σ_layers max_d L_d, the one number vLLM's EPLB logs.
 """
 
 from __future__ import annotations
@@ -11,26 +22,6 @@ import numpy as np
 import pandas as pd
 
 from moeviz.trace import LayerRouting, Trace
-
-
-@dataclass(frozen=True)
-class LoadStats:
-    """Balance of one layer. `counts` [E]: tokens dispatched to each expert."""
-
-    tokens: int
-    counts: np.ndarray
-    load_entropy: float  # H(f) / log E, 1 = perfectly uniform
-    max_share: float  # max_e f_e, f_e = c_e / Σc (uniform = 1/E)
-    dead_experts: int  # experts that received no token
-    dropped: int  # slots dropped by capacity
-
-    @property
-    def num_experts(self) -> int:
-        return len(self.counts)
-
-    @property
-    def dead_fraction(self) -> float:
-        return self.dead_experts / self.num_experts
 
 
 def expert_counts(routing: LayerRouting) -> np.ndarray:
@@ -47,71 +38,9 @@ def load_entropy_nats(counts: np.ndarray) -> float:
     return float(-(p * np.log(p)).sum())
 
 
-def load_stats(routing: LayerRouting) -> LoadStats:
-    counts = expert_counts(routing)
-    total = counts.sum()
-    entropy = load_entropy_nats(counts)
-    return LoadStats(
-        tokens=len(routing.token_rows),
-        counts=counts,
-        load_entropy=entropy / np.log(len(counts)) if len(counts) > 1 else 1.0,
-        max_share=float(counts.max() / total) if total else 0.0,
-        dead_experts=int((counts == 0).sum()),
-        dropped=int((routing.experts < 0).sum()),
-    )
-
-
-def layer_summary_frame(trace: Trace) -> pd.DataFrame:
-    """One row per MoE layer: layer, site, tokens, experts, top_k, load_entropy, max_share, dead_experts,
-    dropped."""
-    rows = []
-    for routing in trace.layers:
-        stats = load_stats(routing)
-        rows.append(
-            {
-                "layer": routing.layer,
-                "site": routing.site,
-                "tokens": stats.tokens,
-                "experts": stats.num_experts,
-                "top_k": routing.k,
-                "load_entropy": stats.load_entropy,
-                "max_share": stats.max_share,
-                "dead_experts": stats.dead_experts,
-                "dropped": stats.dropped,
-            }
-        )
-    return pd.DataFrame(rows)
-
-
-def expert_load_frame(trace: Trace) -> pd.DataFrame:
-    """One row per (layer, site, expert): count, share (of dispatched slots) and utilisation
-    (count / fair share; 1 = fair)."""
-    parts = []
-    for routing in trace.layers:
-        counts = expert_counts(routing)
-        total = counts.sum()
-        e = routing.num_experts
-        parts.append(
-            pd.DataFrame(
-                {
-                    "layer": routing.layer,
-                    "site": routing.site,
-                    "expert": np.arange(e),
-                    "count": counts,
-                    "share": counts / total if total else 0.0,
-                    "utilisation": counts / (total / e) if total else 0.0,
-                }
-            )
-        )
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-
-
 # ---- Balance: the full set of load indicators --------------------------------------------------------
-# Definitions follow shared/docs/routing-metrics.md exactly. Notation: T tokens routed by the layer, k slots
-# per token, E experts, c_e = dispatched slots of expert e (drops count for no expert), f_e = c_e / (kT).
-# Without drops f_e = c_e / Σc, so `max_share` here equals LoadStats.max_share; with drops it is smaller
-# (the dropped slots are part of the denominator, as in the doc), while LoadStats and expert_load_frame
-# keep their share-of-dispatched-slots semantics (their shares sum to 1; the charts rely on that).
+# Definitions follow docs/routing-metrics.md exactly. f_e = c_e / (kT): the dropped slots stay in the
+# denominator, so with drops the shares sum to 1 − dropped_fraction, not to 1.
 
 
 @dataclass(frozen=True)
@@ -122,9 +51,10 @@ class BalanceStats:
     - no token routed (T = 0): every ratio is NaN, dead_experts = 0 and dead_fraction NaN (nothing was
       offered to any expert, so none can be called dead);
     - tokens routed but every slot dropped (Σc = 0): utilisation and max_share are 0, dead_experts = E,
-      dead_fraction = 1, and the shape-of-the-distribution metrics (max_vio, cv, gini, jain, load_entropy,
-      effective_experts, ep_balancedness) are NaN;
-    - E = 1: load_entropy is 1 and effective_experts 1 (one expert is trivially "uniform").
+      dead_fraction = 1, and the shape-of-the-distribution metrics (max_vio, cv, cv_unbiased, gini,
+      gini_megatron, jain, load_entropy, effective_experts, ep_balancedness) are NaN;
+    - E = 1: load_entropy is 1 and effective_experts 1 (one expert is trivially "uniform"); cv_unbiased is
+      NaN (a sample std needs two experts).
     ep_balancedness is NaN when no device count was asked for.
     """
 
@@ -134,12 +64,14 @@ class BalanceStats:
     dropped: int  # slots dropped by capacity
     utilisation: np.ndarray  # [E] u_e = c_e / (kT/E); 1 = fair share, 0 = dead
     max_vio: float  # max c / mean c − 1
-    cv: float  # population std(c) / mean(c)
-    gini: float  # Gini coefficient of c, in [0, (E−1)/E]
+    cv: float  # population std(c) / mean(c) (ddof = 0)
+    cv_unbiased: float  # sample std(c) / mean(c) (ddof = 1) = cv·√(E/(E−1)): NeMo / Megatron / TRT-LLM's CV
+    gini: float  # textbook Gini coefficient of c, in [0, (E−1)/E]
+    gini_megatron: float  # gini − 1/E, Megatron-Core's logged form, in [−1/E, (E−2)/E]
     jain: float  # (Σc)² / (E Σc²), in [1/E, 1]
     load_entropy: float  # H(c/Σc) / log E, in [0, 1]
     effective_experts: float  # exp(H(c/Σc)), in [1, E]
-    max_share: float  # max_e f_e = max c / (kT); uniform = 1/E, at most 1/k
+    max_share: float  # max_e f_e = max c / (kT), dropped slots in kT; uniform = 1/E, at most 1/k
     dead_experts: int  # #{e : c_e = 0}
     dead_fraction: float  # dead_experts / E
     devices: int | None = None  # D for ep_balancedness
@@ -217,11 +149,12 @@ def balance_from_counts(
         entropy = max(0.0, load_entropy_nats(c))  # max: no "-0.00" for a single expert
         max_vio = float(cf.max() / mean - 1.0)
         cv = float(cf.std() / mean)
+        cv_unbiased = float(cf.std(ddof=1) / mean) if e > 1 else nan
         load_entropy = min(1.0, entropy / np.log(e)) if e > 1 else 1.0  # min: rounding above 1
         effective = float(np.exp(entropy))
         gini_value, jain_value = gini(c), jain_index(c)
     else:
-        max_vio = cv = load_entropy = effective = gini_value = jain_value = nan
+        max_vio = cv = cv_unbiased = load_entropy = effective = gini_value = jain_value = nan
     balancedness = nan
     if devices is not None:
         balancedness = ep_balancedness(c, devices)  # raises on E % D != 0 even without load
@@ -233,7 +166,9 @@ def balance_from_counts(
         utilisation=utilisation,
         max_vio=max_vio,
         cv=cv,
+        cv_unbiased=cv_unbiased,
         gini=gini_value,
+        gini_megatron=gini_value - 1.0 / e if e else nan,
         jain=jain_value,
         load_entropy=float(load_entropy),
         effective_experts=effective,
@@ -266,7 +201,9 @@ BALANCE_COLUMNS = [
     "dropped_fraction",
     "max_vio",
     "cv",
+    "cv_unbiased",
     "gini",
+    "gini_megatron",
     "jain",
     "load_entropy",
     "effective_experts",
@@ -293,7 +230,9 @@ def balance_record(layer: int, site: str, s: BalanceStats) -> dict[str, object]:
         "dropped_fraction": s.dropped_fraction,
         "max_vio": s.max_vio,
         "cv": s.cv,
+        "cv_unbiased": s.cv_unbiased,
         "gini": s.gini,
+        "gini_megatron": s.gini_megatron,
         "jain": s.jain,
         "load_entropy": s.load_entropy,
         "effective_experts": s.effective_experts,
@@ -317,34 +256,53 @@ def balance_frame(trace: Trace, devices: int | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=BALANCE_COLUMNS)
 
 
+def ep_balancedness_over_layers(trace: Trace, devices: int) -> float:
+    """Expert-parallel balancedness over all MoE layers, as vLLM's EPLB logs it:
+    Σ_layers mean_d L_d / Σ_layers max_d L_d (L_d = tokens on device d, experts placed contiguously, E/D
+    per device). Busy layers weigh more than in the mean of per-layer `ep_balancedness`. In (0, 1]; NaN when
+    no slot was dispatched anywhere. Raises ValueError unless every layer's E is a multiple of D.
+    """
+    mean_sum = max_sum = 0.0
+    for routing in trace.layers:
+        ep_balancedness(np.ones(routing.num_experts), devices)  # the same divisibility check and message
+        per_device = expert_counts(routing).reshape(devices, -1).sum(axis=1).astype(np.float64)
+        mean_sum += per_device.mean()
+        max_sum += per_device.max()
+    return float(mean_sum / max_sum) if max_sum > 0 else float("nan")
+
+
 EXPERT_BALANCE_COLUMNS = ["layer", "site", "expert", "count", "share", "utilisation", "dead", "device"]
 
 
 def expert_balance_frame(trace: Trace, devices: int | None = None) -> pd.DataFrame:
-    """One row per (site, layer, expert), per the doc's definitions: count c_e, share f_e = c_e / (kT),
-    utilisation c_e / (kT/E), dead (c_e = 0 with T > 0) and device (e // (E/D), -1 without `devices`).
+    """One row per (site, layer, expert); columns EXPERT_BALANCE_COLUMNS: count c_e, share f_e = c_e / (kT),
+    utilisation c_e / (kT/E) (1 = fair share), dead (c_e = 0 with T > 0) and device (e // (E/D), -1 without
+    `devices`).
 
-    Unlike expert_load_frame, shares are of all kT slots, so they sum to 1 − dropped fraction.
+    Shares are of all kT slots, so a layer's shares sum to 1 − dropped_fraction (`balance_frame` has the
+    layer's `dropped` slots and `dropped_fraction`; the load chart draws them as a bar of their own).
     """
-    parts = []
-    for routing in trace.layers:
-        s = balance_stats(routing, devices)
-        e = s.num_experts
-        slots = s.tokens * s.top_k
-        share = s.counts / slots if slots else np.full(e, np.nan)
-        device = np.arange(e) // (e // devices) if devices else np.full(e, -1)
-        parts.append(
-            pd.DataFrame(
-                {
-                    "layer": routing.layer,
-                    "site": routing.site,
-                    "expert": np.arange(e),
-                    "count": s.counts,
-                    "share": share,
-                    "utilisation": s.utilisation,
-                    "dead": (s.counts == 0) & (s.tokens > 0),
-                    "device": device,
-                }
-            )
-        )
+    parts = [expert_balance_rows(r.layer, r.site, balance_stats(r, devices)) for r in trace.layers]
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=EXPERT_BALANCE_COLUMNS)
+
+
+def expert_balance_rows(layer: int, site: str, s: BalanceStats) -> pd.DataFrame:
+    """The rows of `expert_balance_frame` (columns EXPERT_BALANCE_COLUMNS) for one layer's precomputed stats
+    (device from s.devices)."""
+    e = s.num_experts
+    slots = s.tokens * s.top_k
+    share = s.counts / slots if slots else np.full(e, np.nan)
+    device = np.arange(e) // (e // s.devices) if s.devices else np.full(e, -1)
+    return pd.DataFrame(
+        {
+            "layer": layer,
+            "site": site,
+            "expert": np.arange(e),
+            "count": s.counts,
+            "share": share,
+            "utilisation": s.utilisation,
+            "dead": (s.counts == 0) & (s.tokens > 0),
+            "device": device,
+        },
+        columns=EXPERT_BALANCE_COLUMNS,
+    )

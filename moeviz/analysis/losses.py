@@ -1,12 +1,16 @@
 """Balancing losses as the model would see them, replayed from captured router logits.
 
-Definitions (shared/docs/routing-metrics.md):
+Definitions (docs/routing-metrics.md, "Balancing losses"):
 - Switch / GShard auxiliary loss L = E · Σ_e f_e P_e, reported without its coefficient α.
   P_e = mean_t p[t,e] over the router's probability distribution p (see `router_probs`).
   f_e = fraction of tokens whose top-1 (Switch) or top-k (generalised form) includes e. The top-k form
   does NOT divide f by k: Σ_e f_e = k and the uniform value of L is k, exactly as transformers'
-  `load_balancing_loss_func` (the reference this module is tested against). Divide by k for a loss whose
-  uniform value is 1.
+  `load_balancing_loss_func` (the reference this module is tested against). Megatron-Core divides f by k
+  (f_e = c_e / (kT), uniform value 1) and, since mid-2025, takes c from a plain top-k of the unbiased
+  scores whatever the router's bias or group limits: its logged value (α = 1) is aux_loss_topk / k.
+- DeepSeek-V3 sequence-wise balance loss (arXiv 2412.19437 eq. 17–20), `seq_aux_loss`: the same product
+  per sequence with f_i = E/(kT) Σ_t 1[i ∈ top-k(s_t)] and P_i = mean_t s'[t,i] (s' = scores normalised
+  to sum 1 per token), averaged over sequences; unscaled, uniform value 1.
 - ST-MoE router z-loss: mean_t (logsumexp_e logit[t,e])², on raw logits whatever the score function.
 - Loss-free balancing (DeepSeek-V3): the bias vector and its spread; Megatron-Core flags std > 1 and
   |b| > 5 (`BIAS_STD_FLAG`, `BIAS_ABS_FLAG`).
@@ -129,6 +133,41 @@ def aux_loss_pooled(routings: Sequence[LayerRouting], top_k: int | None = None) 
     return float(e * ((counts / rows) * (prob_sum / rows)).sum())
 
 
+def seq_aux_loss(
+    probs: np.ndarray,
+    seqs: np.ndarray | None = None,
+    top_k: int = 1,
+    selected: np.ndarray | None = None,
+) -> float:
+    """DeepSeek-V3's sequence-wise balance loss (arXiv 2412.19437 eq. 17–20), unscaled (α = 1), averaged
+    over sequences.
+
+    For each sequence of T tokens: f_i = E/(k·T) Σ_t 1[i ∈ S_t], P_i = (1/T) Σ_t p[t,i], L = Σ_i f_i P_i;
+    1 when the sequence is perfectly balanced (f_i = 1, P_i = 1/E). probs [N, E]: per-token distribution
+    (sigmoid scores normalised to sum 1 per token, as `router_probs` gives them). seqs [N]: the sequence of
+    each row (None = all rows are one sequence). S_t: the top-`top_k` of probs, as in the paper (the
+    unbiased scores: a balancing bias or a capacity drop does not enter), or `selected` [N, k'] expert ids
+    where given (-1 = none; k = k'). NaN for N = 0.
+    """
+    probs = np.asarray(probs)
+    n, e = probs.shape
+    if n == 0:
+        return float("nan")
+    chosen = top_k_indices(probs, top_k, ordered=False) if selected is None else np.asarray(selected)
+    k = chosen.shape[1]
+    _, inverse = np.unique(np.zeros(n) if seqs is None else np.asarray(seqs), return_inverse=True)
+    inverse = inverse.reshape(-1)
+    num_seqs = int(inverse.max()) + 1
+    tokens = np.bincount(inverse, minlength=num_seqs).astype(np.float64)  # T per sequence
+    flat = chosen.reshape(-1)
+    valid = flat >= 0  # a dropped slot (-1) counts for no expert
+    hits = np.bincount(np.repeat(inverse, k)[valid] * e + flat[valid], minlength=num_seqs * e)
+    f = hits.reshape(num_seqs, e) * (e / (k * tokens[:, None]))
+    p_sum = [np.bincount(inverse, weights=probs[:, i], minlength=num_seqs) for i in range(e)]
+    p_mean = np.stack(p_sum, axis=1) / tokens[:, None]
+    return float((f * p_mean).sum(axis=1).mean())
+
+
 def logsumexp_rows(logits: np.ndarray) -> np.ndarray:
     """log Σ_e exp(logit[t,e]) per row [N] of [N, E], computed stably (max-shifted) in fp32."""
     logits = np.asarray(logits, dtype=np.float32)
@@ -182,25 +221,32 @@ class LossStats:
 
     aux_loss_top1: f from each token's top-1 of p (Switch form; uniform value 1).
     aux_loss_topk: f from the top-k of p, k = the layer's slots (transformers' form; uniform value k).
+    It is the form Megatron-Core computes since mid-2025 (a plain top-k of the unbiased scores, ignoring
+    bias and group limits), except that Megatron divides f by k: its logged value is aux_loss_topk / k.
     aux_loss_dispatched: f from the experts actually dispatched (biased or group-limited selection, drops
-    count for no expert), as Megatron-Core / DeepSeek compute it from their routing map; equals
-    aux_loss_topk for a plain top-k router without drops.
+    count for no expert), the routing-map form Megatron-Core used before mid-2025; equals aux_loss_topk
+    for a plain top-k router without drops.
+    seq_aux_loss: DeepSeek-V3's sequence-wise balance loss (`seq_aux_loss`), top-k of the unbiased
+    scores per sequence, mean over sequences; uniform value 1.
     """
 
     aux_loss_top1: float
     aux_loss_topk: float
     aux_loss_dispatched: float
+    seq_aux_loss: float
     z_loss: float
     bias: BiasStats | None
 
 
-def loss_stats(routing: LayerRouting) -> LossStats:
-    """Every balancing loss of one layer, replayed from its captured logits / scores."""
+def loss_stats(routing: LayerRouting, seqs: np.ndarray | None = None) -> LossStats:
+    """Every balancing loss of one layer, replayed from its captured logits / scores. `seqs` [N]: the
+    sequence of each routed token, for seq_aux_loss (None: the layer's tokens are one sequence)."""
     probs = router_probs(routing)
     return LossStats(
         aux_loss_top1=aux_loss(probs, 1),
         aux_loss_topk=aux_loss(probs, routing.k),
         aux_loss_dispatched=aux_loss(probs, selected=routing.experts),
+        seq_aux_loss=seq_aux_loss(probs, seqs, routing.k),
         z_loss=z_loss(routing.logits),
         bias=bias_stats(routing.bias),
     )
@@ -216,6 +262,7 @@ LOSS_COLUMNS = [
     "aux_loss_top1",
     "aux_loss_topk",
     "aux_loss_dispatched",
+    "seq_aux_loss",
     "z_loss",
     "has_bias",
     "bias_std",
@@ -226,12 +273,14 @@ LOSS_COLUMNS = [
 
 
 def loss_frame(trace: Trace) -> pd.DataFrame:
-    """One row per MoE layer (site, layer): the unscaled losses of LossStats and the bias spread; columns
-    LOSS_COLUMNS (bias_* NaN and bias_flagged False for routers without a bias)."""
+    """One row per MoE layer (site, layer): the unscaled losses of LossStats (seq_aux_loss per sequence of
+    the trace) and the bias spread; columns LOSS_COLUMNS (bias_* NaN and bias_flagged False for routers
+    without a bias)."""
     rows = []
     nan = float("nan")
+    token_seqs = trace.tokens["seq"].to_numpy()
     for routing in trace.layers:
-        s = loss_stats(routing)
+        s = loss_stats(routing, token_seqs[routing.token_rows])
         rows.append(
             {
                 "layer": routing.layer,
@@ -243,6 +292,7 @@ def loss_frame(trace: Trace) -> pd.DataFrame:
                 "aux_loss_top1": s.aux_loss_top1,
                 "aux_loss_topk": s.aux_loss_topk,
                 "aux_loss_dispatched": s.aux_loss_dispatched,
+                "seq_aux_loss": s.seq_aux_loss,
                 "z_loss": s.z_loss,
                 "has_bias": s.bias is not None,
                 "bias_std": nan if s.bias is None else s.bias.std,

@@ -1,6 +1,6 @@
 """Does routing follow the domain or the vocabulary? Specialisation with null baselines.
 
-Definitions: shared/docs/routing-metrics.md ("Specialisation"). Nothing is called specialised without a
+Definitions: docs/routing-metrics.md ("Specialisation"). Nothing is called specialised without a
 null baseline: the uniform level (k/E for "e ∈ S_t" quantities, 1/E for top-1 ones) and routing shuffled
 across tokens (the layer's routing rows permuted over its tokens, seeded; keeps the load and the label
 sizes, destroys any link between them). "within noise" = |observed − shuffle mean| ≤ 2 · shuffle std.

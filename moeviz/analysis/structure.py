@@ -1,4 +1,4 @@
-"""Temporal and cross-layer structure of routing (definitions: shared/docs/routing-metrics.md).
+"""Temporal and cross-layer structure of routing (definitions: docs/routing-metrics.md).
 
 - consecutive-token repetition (Mixtral, arXiv 2401.04088 Table 5): P(top-1 at t = top-1 at t+1) and
   P(S_t ∩ S_{t+1} ≠ ∅) over consecutive tokens of one sequence and stream;

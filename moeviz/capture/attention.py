@@ -12,7 +12,8 @@ keys are [B, H, T, D], intervals [B, T].
 Linear-attention layers (MiniMax lightning attention, Qwen3-Next gated DeltaNet, Kimi Linear KDA) have no
 softmax call; for
 them, hooks installed only for the capture keep references to the layer's own projections / kernel inputs
-(see `_linear_hooks`), from which `moeviz.attention` recomputes an exact attention-like map.
+(see `_linear_hooks`), from which `moeviz.capture.attention_build` decodes what `moeviz.attention` needs to
+recompute an exact attention-like map.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from moeviz.capture.hooks import Restore, active_on_thread, shared_hooks
+from moeviz.hooks import Restore, active_on_thread, shared_hooks
 from moeviz.models import attention as attention_models
 
 _active = threading.local()

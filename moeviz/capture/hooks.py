@@ -2,7 +2,8 @@
 
 One loaded model serves many app sessions, so several threads may capture on the same modules at once.
 Hooks are reference-counted per model (installed by the first active capture, removed by the last) and
-each hook writes to the recorder of the thread that is running the forward, so captures never mix.
+each hook writes to the recorder of the thread that is running the forward, so captures never mix. The
+reference counting itself lives in `moeviz.hooks` (shared with `moeviz.interventions`).
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
+from moeviz.hooks import active_on_thread, shared_hooks
 from moeviz.models.sites import MoESite
 
 _active = threading.local()
@@ -31,65 +33,6 @@ class Recorder:
     @classmethod
     def for_sites(cls, n_sites: int) -> Recorder:
         return cls([[] for _ in range(n_sites)], [[] for _ in range(n_sites)])
-
-
-class Restore:
-    """A handle whose `remove()` undoes a patch (for `shared_hooks`)."""
-
-    def __init__(self, undo: Callable[[], None]) -> None:
-        self.remove = undo
-
-
-@dataclass
-class _HookSet:
-    users: int = 0
-    handles: list[Any] = field(default_factory=list)
-
-
-_registry: dict[tuple[int, str], _HookSet] = {}
-_registry_lock = threading.Lock()
-
-
-@contextmanager
-def shared_hooks(owner: object, kind: str, install: Callable[[], list[Any]]) -> Iterator[None]:
-    """Hooks (or patches) of one `kind` on `owner` (a model, a registry), installed by the first concurrent
-    user (`install()` returns handles with `.remove()`) and removed when the last one leaves, also on error.
-    What the hooks do per call is decided by thread-local state, so users on different threads never see
-    each other's data."""
-    key = (id(owner), kind)
-    with _registry_lock:
-        hooks = _registry.setdefault(key, _HookSet())
-        if hooks.users == 0:
-            hooks.handles.extend(install())
-        hooks.users += 1
-    try:
-        yield
-    finally:
-        with _registry_lock:
-            hooks.users -= 1
-            if hooks.users == 0:
-                for handle in hooks.handles:
-                    handle.remove()
-                hooks.handles.clear()
-                _registry.pop(key, None)
-
-
-@contextmanager
-def active_on_thread(local: threading.local, name: str, value: Any) -> Iterator[Any]:
-    """Set `local.<name>` to `value` on this thread for the block (what `shared_hooks`' hooks read), then
-    put back what was there, also on error."""
-    previous = getattr(local, name, None)
-    setattr(local, name, value)
-    try:
-        yield value
-    finally:
-        setattr(local, name, previous)
-
-
-def installed_hook_count(model: nn.Module, kind: str) -> int:
-    """How many hooks of `kind` are on `model` now (0 when no call is running)."""
-    hooks = _registry.get((id(model), kind))
-    return 0 if hooks is None else len(hooks.handles)
 
 
 def _router_hook(index: int):

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from moeviz.attention.build import build_attention
 from moeviz.capture.attention import recording_attention
+from moeviz.capture.attention_build import build_attention
 from moeviz.capture.hooks import Recorder, recording
 from moeviz.errors import CaptureError, InputError, PromptTooLongError
 from moeviz.models.decoding import (
@@ -23,6 +23,7 @@ from moeviz.models.decoding import (
     recompute_softmax_topk,
 )
 from moeviz.models.loading import LoadedModel
+from moeviz.models.placement import refuse_if_input_too_large
 from moeviz.models.sites import MoESite
 from moeviz.scoring import scores_from_logits, selection_scores
 from moeviz.trace import TOKEN_COLUMNS, LayerRouting, ModelInfo, Trace
@@ -70,6 +71,10 @@ def capture(
     """
     batch = token_batch(loaded, texts, token_ids)
     _check_lengths(loaded, batch, generate)
+    what = f"capturing {loaded.info.source}" + (f" with generate={generate}" if generate > 0 else "")
+    width = max(len(seq) for seq in batch) + max(generate, 0)
+    dtype = getattr(loaded.model, "dtype", torch.float32)
+    refuse_if_input_too_large(loaded.model.config, dtype, loaded.device, len(batch), width, what)
     if generate < 0:
         raise InputError(f"generate must be >= 0, got {generate}")
     model = loaded.model
@@ -169,7 +174,9 @@ def _run(loaded: LoadedModel, batch: list[list[int]], generate: int) -> dict[str
     pad_id = _pad_id(config)
     left = generate > 0 and not loaded.is_encoder_decoder  # decoder-only generation needs left padding
     ids, mask = _pad(batch, pad_id, left)
-    input_ids, attention = torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64))
+    device = loaded.device  # the embedding's device (accelerate brings offloaded weights to it)
+    input_ids = torch.from_numpy(ids).to(device)
+    attention = torch.from_numpy(mask.astype(np.int64)).to(device)
     width = ids.shape[1]
     if generate == 0:
         if loaded.is_encoder_decoder:
@@ -177,8 +184,8 @@ def _run(loaded: LoadedModel, batch: list[list[int]], generate: int) -> dict[str
             out = loaded.model(
                 input_ids=input_ids,
                 attention_mask=attention,
-                decoder_input_ids=torch.from_numpy(dec_ids),
-                decoder_attention_mask=torch.from_numpy(dec_mask.astype(np.int64)),
+                decoder_input_ids=torch.from_numpy(dec_ids).to(device),
+                decoder_attention_mask=torch.from_numpy(dec_mask.astype(np.int64)).to(device),
             )
             decoder = _stream("decoder", dec_ids, dec_mask, [slice(0, dec_ids.shape[1])])
             decoder.predicted[:] = _argmax(out.logits)
@@ -195,7 +202,7 @@ def _run(loaded: LoadedModel, batch: list[list[int]], generate: int) -> dict[str
         num_beams=1,
         pad_token_id=pad_id,
     )
-    sequences = out.numpy()
+    sequences = out.cpu().numpy()
     eos = _eos_ids(config)
     if loaded.is_encoder_decoder:
         n_new = sequences.shape[1] - 1
@@ -355,6 +362,9 @@ def _decode_site(
         capacity=site.capacity,
         shared_experts=site.shared_experts,
         module=site.name,
+        n_group=site.n_group,
+        topk_group=site.topk_group,
+        group_score=site.group_score,
     )
 
 

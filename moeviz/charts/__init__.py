@@ -27,12 +27,22 @@ from moeviz.charts.routing import (
     token_strip_chart,
     token_window,
 )
+from moeviz.charts.scale import (
+    EXPERT_BRUSH,
+    MAX_CATEGORICAL,
+    expert_colour,
+    expert_load_curve_chart,
+    layer_expert_heatmap,
+    token_rank_path_chart,
+)
 from moeviz.charts.structure import coactivation_heatmap, path_chart, repetition_chart, transition_heatmaps
 from moeviz.charts.tables import dead_hot_experts, stack_scores, token_options
 
 __all__ = [
+    "EXPERT_BRUSH",
     "HEAD_METRICS",
     "HEAD_SELECTION",
+    "MAX_CATEGORICAL",
     "TOKEN_SELECTION",
     "UNIFORM_VALUE",
     "agreement_chart",
@@ -47,11 +57,14 @@ __all__ = [
     "binned_dispatch_heatmap",
     "coactivation_heatmap",
     "dead_hot_experts",
+    "expert_colour",
     "expert_load_chart",
+    "expert_load_curve_chart",
     "expert_timeline_chart",
     "head_grid_frame",
     "head_metric_heatmap",
     "kv_whatif_heatmap",
+    "layer_expert_heatmap",
     "load_heatmap",
     "load_shift_heatmap",
     "path_chart",
@@ -63,6 +76,7 @@ __all__ = [
     "token_margin_chart",
     "token_options",
     "token_path_chart",
+    "token_rank_path_chart",
     "token_strip_chart",
     "token_window",
     "transition_heatmaps",

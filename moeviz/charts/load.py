@@ -16,9 +16,12 @@ UNIFORM_VALUE = {
     "max_share": lambda e: 1.0 / e,
     "max_vio": lambda e: 0.0,
     "cv": lambda e: 0.0,
+    "cv_unbiased": lambda e: 0.0,
     "gini": lambda e: 0.0,
+    "gini_megatron": lambda e: -1.0 / e,
     "jain": lambda e: 1.0,
     "dead_fraction": lambda e: 0.0,
+    "dropped_fraction": lambda e: 0.0,
 }
 
 

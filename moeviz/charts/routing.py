@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import altair as alt
 import numpy as np
 import pandas as pd
+
+from moeviz.charts.scale import MAX_CATEGORICAL, add_expert_colour_fields, expert_colour
 
 DOT = "●"
 TOKEN_SELECTION = "token"  # name of the heatmap's click selection
@@ -56,6 +60,7 @@ def router_score_heatmap(
     start: int = 0,
     title: str | None = None,
     selectable: bool = True,
+    experts: Sequence[int] | None = None,
 ) -> alt.LayerChart:
     """Token × expert heatmap of router scores of one layer, dispatched experts marked with a dot.
 
@@ -72,11 +77,16 @@ def router_score_heatmap(
 
     With `selectable`, clicking a cell selects its token: a point selection named `token` over the
     fields seq and pos (`TOKEN_SELECTION`), for hosts that react to selections.
+
+    `experts`: draw only these experts, in this order along y (for hundreds of experts: e.g. the top-N by
+    load from `moeviz.analysis.expert_order`, plus the chosen one); all experts by id when None.
     """
     rows = scores_frame["row"].to_numpy()
     num_tokens = int(rows.max()) + 1 if len(rows) else 0
     lo, hi = token_window(num_tokens, max_tokens=max_tokens, start=start)
     cells = scores_frame[(rows >= lo) & (rows < hi)]
+    if experts is not None:  # a subset of experts, in this order along y (e.g. top-N by load + the chosen)
+        cells = cells[cells["expert"].isin(experts)]
     data = pd.DataFrame(
         {
             "row": cells["row"].to_numpy(),
@@ -107,7 +117,11 @@ def router_score_heatmap(
             sort=alt.EncodingSortField(field="row", op="min"),
             axis=alt.Axis(title="token (pos:token)", labelAngle=-90, labelLimit=90, labelOverlap=True),
         ),
-        y=alt.Y("expert:O", axis=alt.Axis(title="expert")),
+        y=alt.Y(
+            "expert:O",
+            axis=alt.Axis(title="expert"),
+            sort=alt.Undefined if experts is None else [int(e) for e in experts],
+        ),
         tooltip=tooltip,
     )
     cells_layer = base.mark_rect().encode(
@@ -128,34 +142,91 @@ def router_score_heatmap(
     )
 
 
-def expert_load_chart(load_frame: pd.DataFrame, *, title: str | None = None) -> alt.LayerChart:
-    """Bars of tokens dispatched to each expert of one layer, with a dashed rule at the fair share.
+def expert_load_chart(
+    load_frame: pd.DataFrame,
+    *,
+    dropped: int | None = None,
+    title: str | None = None,
+    bands: pd.DataFrame | None = None,
+) -> alt.LayerChart:
+    """Bars of tokens dispatched to each expert of one layer, a grey "dropped" bar for the slots capacity
+    dropped (when there are any), and a dashed rule at the fair share kT/E.
 
-    Input: the rows of `moeviz.analysis.expert_load_frame(trace)` for one (layer, site), columns expert,
-    count (tokens dispatched to it), share (of all dispatched slots) and utilisation (count / fair share).
-    The fair share is the mean count (Σcount / experts), the count every expert would get if balanced.
+    Input: the rows of `moeviz.analysis.expert_balance_frame(trace)` for one (layer, site), columns expert,
+    count (slots dispatched to it), share (f = count / kT, of all kT slots) and utilisation (count / (kT/E)).
+    `dropped`: the layer's dropped slots (`balance_frame`'s `dropped`); by default recovered from the rows
+    (kT = count / share). The bars' shares, dropped included, sum to 1; the fair share is kT/E, the count
+    every expert would get if balanced and nothing were dropped.
+
+    `bands`: the layer's rows of `moeviz.analysis.null.expert_confidence_frame(trace)` (columns expert,
+    share_low, share_high): each bar gets an error bar over its bootstrap band, drawn in tokens
+    (share × kT).
     """
     data = load_frame[["expert", "count", "share", "utilisation"]].reset_index(drop=True)
+    counts = data["count"].to_numpy(np.float64)
+    if dropped is None:
+        shares = data["share"].to_numpy(np.float64)
+        known = np.nan_to_num(shares) > 0
+        slots = float(np.median(counts[known] / shares[known])) if known.any() else counts.sum()
+        dropped = max(round(float(slots - counts.sum())), 0)
+    slots = counts.sum() + dropped
+    data = data.assign(bar=data["expert"].astype(str), kind="expert")
+    if dropped:
+        extra = {"expert": -1, "count": dropped, "share": dropped / slots, "utilisation": np.nan}
+        data = pd.concat([data, pd.DataFrame([{**extra, "bar": "dropped", "kind": "dropped"}])])
+        data = data.reset_index(drop=True)
+    data["fair"] = slots / len(counts) if len(counts) else 0.0
+    order = data["bar"].tolist()
     bars = (
-        alt.Chart(data)
+        alt.Chart()
         .mark_bar()
         .encode(
-            x=alt.X("expert:O", axis=alt.Axis(labelAngle=0)),
+            x=alt.X("bar:N", title="expert", sort=order, axis=alt.Axis(labelAngle=0)),
             y=alt.Y("count:Q", title="tokens dispatched"),
+            color=alt.Color(
+                "kind:N",
+                scale=alt.Scale(domain=["expert", "dropped"], range=["#4c78a8", "#bab0ac"]),
+                legend=None,
+            ),
             tooltip=[
-                alt.Tooltip("expert:O"),
+                alt.Tooltip("bar:N", title="expert"),
                 alt.Tooltip("count:Q"),
-                alt.Tooltip("share:Q", format=".1%"),
+                alt.Tooltip("share:Q", format=".1%", title="share of all kT slots"),
                 alt.Tooltip("utilisation:Q", format=".2f", title="utilisation (1 = fair)"),
             ],
         )
     )
     fair = (
-        alt.Chart(data)
+        alt.Chart()
         .mark_rule(color="#e4572e", strokeDash=[6, 4], strokeWidth=2)
-        .encode(y="mean(count):Q", tooltip=[alt.Tooltip("mean(count):Q", format=".1f", title="fair share")])
+        .encode(
+            y=alt.Y("max(fair):Q", title="tokens dispatched"),
+            tooltip=[alt.Tooltip("max(fair):Q", format=".1f", title="fair share (kT/E)")],
+        )
     )
-    return alt.layer(bars, fair).properties(title=title or "Expert load", height=220, autosize=_FIT_WIDTH)
+    layers = [bars, fair]
+    if bands is not None:
+        band = bands.set_index("expert")[["share_low", "share_high"]].astype(np.float64)
+        experts = data["expert"].where(data["kind"] == "expert")
+        data["count_low"] = experts.map(band["share_low"]) * slots
+        data["count_high"] = experts.map(band["share_high"]) * slots
+        layers.append(
+            alt.Chart()
+            .mark_rule(color="#222222", strokeWidth=1.5)
+            .encode(
+                x=alt.X("bar:N", sort=order),
+                y=alt.Y("count_low:Q", title="tokens dispatched"),
+                y2="count_high:Q",
+                tooltip=[
+                    alt.Tooltip("bar:N", title="expert"),
+                    alt.Tooltip("count_low:Q", format=".1f", title="band low (tokens)"),
+                    alt.Tooltip("count_high:Q", format=".1f", title="band high (tokens)"),
+                ],
+            )
+        )
+    return alt.layer(*layers, data=data).properties(
+        title=title or "Expert load", height=220, autosize=_FIT_WIDTH
+    )
 
 
 # ---- tokens × routing: strip, timeline, drill-down ------------------------------------------------------
@@ -170,6 +241,8 @@ def token_strip_chart(
     start: int = 0,
     per_line: int = STRIP_WIDTH,
     title: str | None = None,
+    n_group: int | None = None,
+    highlight: int | None = None,
 ) -> alt.LayerChart:
     """The prompt as a strip of tokens, each coloured by its top-1 expert at one layer.
 
@@ -177,6 +250,11 @@ def token_strip_chart(
     weight (one row per dispatched slot; rank 0 = the slot with the largest weight, expert -1 = dropped).
     A token whose every slot was dropped is grey. Tokens wrap after `per_line`; at most `max_tokens`
     tokens (window [start, start + max_tokens) in input order) are drawn, two marks per token.
+
+    Colour (`moeviz.charts.scale.expert_colour`): up to 20 experts one categorical colour per expert; above
+    that never a categorical legend: by expert group when `n_group` (DeepSeek-style groups, e.g.
+    `LayerRouting.n_group`) splits the experts, else a continuous scale by expert id. `highlight`: tokens
+    whose top-1 is this expert get a black outline.
     """
     tokens = routing_rows.drop_duplicates(["seq", "pos"]).sort_values(["seq", "pos"])[["seq", "pos", "token"]]
     top1 = routing_rows[routing_rows["rank"] == 0].drop_duplicates(["seq", "pos"])
@@ -191,13 +269,21 @@ def token_strip_chart(
     data["slot"] = np.arange(len(data)) % per_line
     data["line"] = np.arange(len(data)) // per_line + lo // per_line
     data["top1"] = np.where(data["expert"] >= 0, data["expert"].astype(str), "dropped")
-    domain = [str(e) for e in range(num_experts)] + ["dropped"]
-    colour = alt.Color(
-        "top1:N",
-        legend=alt.Legend(title="top-1 expert", orient="bottom", direction="horizontal", columns=18),
-        scale=alt.Scale(domain=domain, scheme="tableau20" if num_experts > 10 else "tableau10"),
-        sort=domain,
-    )
+    if num_experts <= MAX_CATEGORICAL:
+        domain = [str(e) for e in range(num_experts)] + ["dropped"]
+        colour = alt.Color(
+            "top1:N",
+            legend=alt.Legend(title="top-1 expert", orient="bottom", direction="horizontal", columns=18),
+            scale=alt.Scale(domain=domain, scheme="tableau20" if num_experts > 10 else "tableau10"),
+            sort=domain,
+        )
+    else:  # many experts: group or continuous id colour, dropped tokens grey
+        add_expert_colour_fields(data, num_experts, n_group=n_group)
+        colour = alt.condition(
+            "datum.expert < 0",
+            alt.value("#bbbbbb"),
+            expert_colour(num_experts, n_group=n_group, title="top-1 expert"),
+        )
     base = alt.Chart().encode(
         x=alt.X("slot:O", axis=None),
         y=alt.Y("line:O", axis=None),
@@ -210,7 +296,11 @@ def token_strip_chart(
     boxes = base.mark_rect(stroke="white", strokeWidth=2, cornerRadius=3).encode(color=colour)
     text = base.mark_text(fontSize=12, color="black").encode(text="text:N")
     lines = int(data["line"].nunique()) if len(data) else 1
-    return alt.layer(boxes, text, data=data).properties(
+    marks = [boxes, text]
+    if highlight is not None:
+        chosen = base.transform_filter(f"datum.expert == {int(highlight)}")
+        marks.insert(1, chosen.mark_rect(filled=False, stroke="black", strokeWidth=2.5, cornerRadius=3))
+    return alt.layer(*marks, data=data).properties(
         title=alt.Title(title or "Tokens by top-1 expert", subtitle=_window_subtitle(lo, hi, len(tokens))),
         height=min(28 * lines, 900),
         autosize=_FIT_WIDTH,
@@ -336,18 +426,38 @@ def token_margin_chart(token_confidence: pd.DataFrame, *, title: str | None = No
     """One token's top-k margin per layer as bars (0 = a near tie decided the set, 1 = clear choice).
 
     Input: the rows of `moeviz.analysis.confidence_frame(trace)` for one token: columns layer, margin,
-    entropy_norm, top1_score.
+    entropy_norm, top1_score, margin_selection optional. For a router with a balancing bias (a non-NaN
+    `margin_selection`) the bars are the margin on what the experts were selected on (p + b; over the
+    eligible experts of the chosen groups for group-limited routers), with the margin on p on hover;
+    otherwise the margin on p. Over 24 layers the layer labels turn vertical (none dropped).
     """
-    data = token_confidence[["layer", "margin", "entropy_norm", "top1_score"]].reset_index(drop=True)
+    columns = ["layer", "margin", "entropy_norm", "top1_score"]
+    biased = "margin_selection" in token_confidence and token_confidence["margin_selection"].notna().any()
+    data = token_confidence[columns + (["margin_selection"] if biased else [])].reset_index(drop=True)
+    field, axis_title = (
+        ("margin_selection", "top-k margin on p + b") if biased else ("margin", "top-k margin")
+    )
+    many = data["layer"].nunique() > 24
+    axis = alt.Axis(labelAngle=-90 if many else 0, labelOverlap=False, labelFontSize=9 if many else 10)
     return (
         alt.Chart(data.astype(np.float64).astype({"layer": int}))
         .mark_bar()
         .encode(
-            x=alt.X("layer:O", title="MoE layer", axis=alt.Axis(labelAngle=0)),
-            y=alt.Y("margin:Q", scale=alt.Scale(domain=[0, 1]), title="top-k margin"),
+            x=alt.X("layer:O", title="MoE layer", axis=axis),
+            y=alt.Y(
+                f"{field}:Q",
+                scale=alt.Scale(domain=[0, 1]),
+                title=axis_title,
+                axis=alt.Axis(labelOverlap=False),
+            ),
             tooltip=[
                 alt.Tooltip("layer:O"),
-                alt.Tooltip("margin:Q", format=".3f"),
+                *(
+                    [alt.Tooltip("margin_selection:Q", format=".3f", title="margin on p + b")]
+                    if biased
+                    else []
+                ),
+                alt.Tooltip("margin:Q", format=".3f", title="margin on p"),
                 alt.Tooltip("entropy_norm:Q", format=".3f", title="entropy / log E"),
                 alt.Tooltip("top1_score:Q", format=".3f", title="top-1 p"),
             ],

@@ -1,9 +1,10 @@
 """Thread-aware hooks that rewrite the dispatched routing (and read router logits) during one call.
 
-Same contract as `moeviz.capture.hooks`: one model serves many sessions, so hooks are reference-counted per
-model, act only on the thread whose `Probe` is active, and are removed when the last user leaves, also on
-error. The experts pre-hook is *prepended* so a capture running in the same thread records the decision
-after the intervention (what the experts actually computed).
+Same contract as `moeviz.capture.hooks` (both build on the registry in `moeviz.hooks`): one model serves
+many sessions, so hooks are reference-counted per model, act only on the thread whose `Probe` is active,
+and are removed when the last user leaves, also on error. The experts pre-hook is *prepended* so a capture
+running in the same thread records the decision after the intervention (what the experts actually
+computed).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from moeviz.capture.hooks import active_on_thread, shared_hooks
-from moeviz.capture.hooks import installed_hook_count as shared_hook_count
+from moeviz.hooks import active_on_thread, shared_hooks
+from moeviz.hooks import installed_hook_count as shared_hook_count
 from moeviz.models.dispatch import read_decision, write_decision
 from moeviz.models.sites import MoESite
 

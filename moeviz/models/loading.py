@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import struct
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from torch import nn
 
 from moeviz.errors import (
     CorruptWeightsError,
+    LoadOptionError,
     ModelNotFoundError,
     ModelSourceError,
     NotAModelFolderError,
@@ -21,12 +23,28 @@ from moeviz.errors import (
     UnknownSampleError,
     UnsafeWeightsError,
 )
+from moeviz.models.placement import (
+    RUNS_QUANTISED,
+    MemoryEstimate,
+    check_quantization,
+    estimate_memory,
+    input_device,
+    pick_device,
+    placement_summary,
+    refuse_if_too_large,
+    reporting_progress,
+    resolve_dtype,
+    stored_bytes,
+)
 from moeviz.models.sites import MoESite, find_moe_sites
+from moeviz.resources import bundled_path
+from moeviz.settings import current_settings
 from moeviz.trace import ModelInfo
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 SAMPLE_PREFIX = "sample:"
+# transformers sets torch's process-wide default dtype while it builds a model and puts it back afterwards:
+# two loads at different dtypes on two threads (app sessions) would leave the wrong default behind.
+_LOAD_LOCK = threading.Lock()
 DEFAULT_SAMPLE = "sample:mixtral-healthy"  # the app's and the docs' default model
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 _TOKENIZER_FILES = (
@@ -39,9 +57,9 @@ _TOKENIZER_FILES = (
 
 
 def sample_models_dir() -> Path:
-    """Where bundled sample models live (`MOEVIZ_SAMPLE_MODELS` overrides, e.g. for a read-only install)."""
-    override = os.environ.get("MOEVIZ_SAMPLE_MODELS")
-    return Path(override) if override else Path(__file__).resolve().parents[2] / "sample_models"
+    """Where bundled sample models live: `MOEVIZ_SAMPLE_MODELS` if set, else the installed (or checkout's)
+    sample_models/."""
+    return current_settings().sample_models or bundled_path("sample_models")
 
 
 def list_samples() -> list[str]:
@@ -64,6 +82,8 @@ class LoadedModel:
     info: ModelInfo
     folder: Path
     max_length: int | None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where inputs go
+    memory: MemoryEstimate | None = None  # what the load-time memory check worked out
 
     _token_text_cache: dict[int, str] = field(default_factory=dict, repr=False)
 
@@ -136,10 +156,14 @@ def read_source(source: str | Path, *, trust_remote_code: bool = False) -> Sourc
 def load_model(
     source: str | Path,
     *,
-    dtype: torch.dtype = torch.float32,
-    trust_remote_code: bool = False,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "auto",
     device_map: str | int | dict[str, Any] | None = None,
     offload_folder: str | Path | None = None,
+    max_memory: dict[int | str, int | str] | None = None,
+    trust_remote_code: bool = False,
+    check_memory: bool = True,
+    progress: Callable[[int, int], None] | None = None,
 ) -> LoadedModel:
     """Load an MoE model for capture.
 
@@ -147,36 +171,65 @@ def load_model(
     `sample:NAME` for a folder under `sample_models/`. Nothing is downloaded. Pickled weights are refused
     unless they load with `torch.load(weights_only=True)`. Remote code runs only with `trust_remote_code`.
 
-    `device_map` (needs `accelerate`) places the model across devices as `from_pretrained` does: `"auto"`
-    splits a model too large for one GPU over the GPUs, then CPU RAM, then disk (`offload_folder`), or a
-    dict {module name: device | "cpu" | "disk"}. Inputs stay on the CPU; hooks move them to the model.
+    `dtype`: `"auto"` keeps the checkpoint's own dtype (bf16 stays bf16; fp16 loads as fp32 on a CPU, which
+    only emulates fp16), or `"float32"`, `"bfloat16"`, `"float16"` or a torch dtype. Router scores are always
+    computed in fp32 from the logits the model produced. `device`: `"auto"` picks CUDA, then MPS, then CPU;
+    or `"cpu"`, `"cuda"`, `"cuda:N"`, `"mps"`.
+
+    `device_map` (needs `accelerate`) places the model across devices as `from_pretrained` does instead of
+    `device`: `"auto"` splits a model too large for one GPU over the GPUs, then CPU RAM, then disk
+    (`offload_folder`), under `max_memory` ({0: "20GiB", "cpu": "8GiB"}) if given, or a dict {module name:
+    device | "cpu" | "disk"}. Inputs go to the embedding's device; accelerate streams offloaded weights in.
+
+    Before any weight is read, the memory the model needs (parameters at `dtype` from a meta-device skeleton,
+    plus activations for a 2,048-token input) is compared with what `device` has free; a model that does not
+    fit is refused with `InsufficientMemoryError` (not with `device_map`; `check_memory=False` skips it).
+    Quantised checkpoints load where transformers can run or dequantise them (FP8 and MXFP4 are dequantised
+    on a CPU), else `UnsupportedQuantizationError`. `progress(bytes_read, total_bytes)` is called as the
+    weights are read.
     """
+    if device_map is None and (offload_folder is not None or max_memory is not None):
+        raise LoadOptionError("offload_folder and max_memory need a device_map (e.g. device_map='auto')")
     folder = resolve_source(source)
     config = _load_config(folder, trust_remote_code)
     auto_class = _auto_class(config)
-    with torch.device("meta"):  # find the MoE layers without allocating weights
+    target = pick_device(device)  # with a device_map, only the dtype rule and messages use it
+    load_dtype = resolve_dtype(dtype, config, folder, target)
+    with _LOAD_LOCK, torch.device("meta"):  # find the MoE layers and size the model, no weights allocated
         skeleton = auto_class.from_config(config, trust_remote_code=trust_remote_code)
     if not find_moe_sites(skeleton):
         raise NotMoEModelError(
             f"{folder} holds a dense model ({type(skeleton).__name__}, model_type {config.model_type!r}): "
             "no MoE layer (router + experts) was found"
         )
+    quantization_note = check_quantization(config, folder, target, device_map, load_dtype)
+    quantised = quantization_note is not None and quantization_note.startswith(RUNS_QUANTISED)
+    stored = stored_bytes(folder) if quantised else None
+    estimate = estimate_memory(skeleton, config, load_dtype, target, stored_bytes=stored)
     del skeleton
+    if check_memory and device_map is None:
+        refuse_if_too_large(estimate, str(source))
     use_safetensors = _check_weight_files(folder)
-    placement = {} if device_map is None else _placement(device_map, offload_folder)
+    if device_map is not None:
+        placement = _placement(device_map, offload_folder, max_memory)
+    elif target.type != "cpu":
+        placement = {"device_map": {"": str(target)}}
+    else:
+        placement = {}
     try:
-        model, loading_info = auto_class.from_pretrained(
-            folder,
-            config=config,
-            dtype=dtype,
-            local_files_only=True,
-            trust_remote_code=trust_remote_code,
-            use_safetensors=use_safetensors,
-            output_loading_info=True,
-            **placement,
-        )
+        with _LOAD_LOCK, reporting_progress(progress, folder):
+            model, loading_info = auto_class.from_pretrained(
+                folder,
+                config=config,
+                dtype=load_dtype,
+                local_files_only=True,
+                trust_remote_code=trust_remote_code,
+                use_safetensors=use_safetensors,
+                output_loading_info=True,
+                **placement,
+            )
     except (OSError, ValueError, RuntimeError, KeyError, struct.error) as exc:
-        if placement:  # the weights were checked above: more likely the map does not fit this model
+        if device_map is not None:  # the weights were checked above: more likely the map does not fit
             raise ModelSourceError(f"could not load {folder} with device_map={device_map!r}: {exc}") from exc
         raise CorruptWeightsError(f"could not read the weights in {folder}: {exc}") from exc
     missing = [k for k in loading_info.get("missing_keys", []) if k]
@@ -186,10 +239,10 @@ def load_model(
             f"weights in {folder} are incomplete: {len(missing)} tensors missing ({shown}…)"
         )
     model.eval()
-    if device_map is not None:
+    if placement:
         _align_inputs(model)
     sites = find_moe_sites(model)
-    notes = []
+    notes = [quantization_note] if quantization_note else []
     declared = json.loads((folder / "config.json").read_text()).get("model_type")
     if declared != config.model_type:
         notes.append(
@@ -206,15 +259,23 @@ def load_model(
             architecture=type(model).__name__,
             num_layers=_num_layers(config),
             num_parameters=sum(p.numel() for p in model.parameters()),
-            dtype=str(dtype).removeprefix("torch."),
+            dtype=str(load_dtype).removeprefix("torch."),
+            device=placement_summary(model),
+            parameter_bytes=estimate.parameter_bytes,
             notes=notes,
         ),
         folder=folder,
         max_length=_max_length(config),
+        device=input_device(model),
+        memory=estimate,
     )
 
 
-def _placement(device_map: str | int | dict[str, Any], offload_folder: str | Path | None) -> dict[str, Any]:
+def _placement(
+    device_map: str | int | dict[str, Any],
+    offload_folder: str | Path | None,
+    max_memory: dict[int | str, int | str] | None = None,
+) -> dict[str, Any]:
     """`from_pretrained` keywords for a device map; a clear error when accelerate is missing."""
     import importlib.util
 
@@ -225,6 +286,8 @@ def _placement(device_map: str | int | dict[str, Any], offload_folder: str | Pat
     placement: dict[str, Any] = {"device_map": device_map}
     if offload_folder is not None:
         placement["offload_folder"] = str(offload_folder)
+    if max_memory is not None:
+        placement["max_memory"] = dict(max_memory)
     return placement
 
 

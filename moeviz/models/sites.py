@@ -75,6 +75,9 @@ class MoESite:
     bias: torch.Tensor | None = field(default=None, repr=False)  # live reference: read at capture time
     capacity: int | None = None
     shared_experts: int = 0
+    n_group: int | None = None  # group-limited routing (see `LayerRouting`); None = no group limit
+    topk_group: int | None = None
+    group_score: str | None = None  # "top2_sum" (DeepSeek-V3, GLM-4.5, Kimi) | "max" (DeepSeek-V2)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -191,7 +194,22 @@ def _make_site(model, name, router, block, experts, logits_index, decoder, score
         bias=bias,
         capacity=getattr(router, "expert_capacity", None),
         shared_experts=_shared_expert_count(config) if isinstance(shared, nn.Module) else 0,
+        **_group_limit(router, num_experts),
     )
+
+
+def _group_limit(router: nn.Module, num_experts: int) -> dict[str, Any]:
+    """n_group / topk_group / group_score of a group-limited router (the DeepSeek-V2/V3 routers, GLM-4.5 and
+    Kimi, which hold `num_group` and `topk_group`); empty when groups do not limit the choice."""
+    n_group, topk_group = getattr(router, "num_group", None), getattr(router, "topk_group", None)
+    if not (isinstance(n_group, int) and isinstance(topk_group, int)):
+        return {}
+    if n_group <= 1 or topk_group >= n_group or num_experts % n_group:
+        return {}
+    method = getattr(router, "topk_method", None)  # DeepSeek-V2: "greedy" ignores the groups
+    if method is not None and method != "group_limited_greedy":
+        return {}
+    return {"n_group": n_group, "topk_group": topk_group, "group_score": "max" if method else "top2_sum"}
 
 
 def _router_weight(router: nn.Module | None) -> torch.Tensor | None:

@@ -1,8 +1,9 @@
 """Routing at corpus scale: a Parquet store of many runs (models × checkpoints), DuckDB queries over it,
 and checkpoint timelines. See README "Corpus store and checkpoints"."""
 
+from moeviz.corpus import iter_documents
 from moeviz.store.layout import RunInfo, StoreError, list_runs, validate_store
-from moeviz.store.plan import Batch, iter_batches, iter_documents
+from moeviz.store.plan import Batch, iter_batches
 from moeviz.store.query import StoreQuery
 from moeviz.store.writer import TraceSettings, trace_corpus
 

@@ -79,13 +79,13 @@ def trace_series(
     checkpoint labels in order). Each checkpoint is loaded, traced and released in turn."""
     import gc
 
-    import moeviz
+    from moeviz.models import load_model
     from moeviz.store.writer import trace_corpus
 
     name, checkpoints = resolve_series(spec)
     name = model or name
     for index, (label, folder) in enumerate(checkpoints):
-        loaded = moeviz.load_model(folder)
+        loaded = load_model(folder)
         trace_corpus(
             loaded,
             corpus,

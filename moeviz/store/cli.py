@@ -1,4 +1,5 @@
-"""`moeviz trace` and `moeviz report --checkpoints`: the store from the shell (wired in moeviz.cli)."""
+"""`moeviz trace` and `moeviz report --checkpoints`: the store from the shell (both parsed by the one tree
+of moeviz.cli; `report`'s flags are defined there)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from moeviz.cli_flags import CORPUS_HELP, add_batching_flags, add_model_flags, load_kwargs, load_progress
 from moeviz.errors import InputError
 
 EXIT_INTERRUPTED = 130
-
-
-def _add_plan_args(command: argparse.ArgumentParser) -> None:
-    command.add_argument(
-        "--corpus", required=True, type=Path, help="folder (one sub-folder per domain) or JSONL"
-    )
-    command.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")
-    command.add_argument("--chunk-tokens", type=int, default=256, help="tokens per sequence (default 256)")
-    command.add_argument("--max-batches", type=int, help="stop after this many batches (a fixed prefix)")
-    command.add_argument("--trust-remote-code", action="store_true", help="run modelling code in the folder")
+TRACE_CHUNK_TOKENS = 256  # trace: tokens per sequence (the sample models' training length)
 
 
 def add_trace_parser(commands) -> argparse.ArgumentParser:
@@ -31,12 +24,13 @@ def add_trace_parser(commands) -> argparse.ArgumentParser:
         help="stream a corpus through a model (or a checkpoint series) into a Parquet routing store",
         description="Route a whole corpus in batches into a store folder (resumable with --resume).",
     )
-    trace.add_argument(
-        "--model",
-        required=True,
-        help="model folder, sample:NAME, a folder of checkpoint folders, or A,B,C (checkpoint folders)",
+    add_model_flags(
+        trace,
+        model_help="model folder, sample:NAME, a folder of checkpoint folders, or A,B,C (checkpoint folders)",
     )
-    _add_plan_args(trace)
+    trace.add_argument("--corpus", required=True, type=Path, help=CORPUS_HELP)
+    add_batching_flags(trace, chunk_tokens=TRACE_CHUNK_TOKENS)
+    trace.add_argument("--max-batches", type=int, help="stop after this many batches (a fixed prefix)")
     trace.add_argument("--out", required=True, type=Path, help="store folder (created; shared by many runs)")
     trace.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     trace.add_argument("--label", help="model label in the store (default: from the folder name)")
@@ -65,16 +59,6 @@ def add_trace_parser(commands) -> argparse.ArgumentParser:
         help="GPUs per worker (default 0); with GPUs --device-map defaults to auto",
     )
     return trace
-
-
-def checkpoint_report_parser() -> argparse.ArgumentParser:
-    """`moeviz report --checkpoints ...` (dispatched before the ordinary report parser)."""
-    rep = argparse.ArgumentParser(prog="moeviz report", description="Checkpoint timeline of a training run.")
-    rep.add_argument("--checkpoints", required=True, help="a folder of checkpoint folders, or A,B,C")
-    _add_plan_args(rep)
-    rep.add_argument("--store", type=Path, help="keep the traces in this store (reused with resume)")
-    rep.add_argument("--format", choices=["text", "json"], default="text")
-    return rep
 
 
 def _settings(args: argparse.Namespace):
@@ -130,10 +114,10 @@ def _is_series(spec: str) -> bool:
 def run_trace(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
-    import moeviz
+    from moeviz.corpus import check_corpus
+    from moeviz.models import load_model
     from moeviz.store.checkpoints import trace_series
     from moeviz.store.layout import check_label, list_runs
-    from moeviz.store.plan import check_corpus
     from moeviz.store.writer import trace_corpus
 
     settings = _settings(args)
@@ -166,7 +150,7 @@ def run_trace(args: argparse.Namespace) -> int:
                     args.out,
                     checkpoint=checkpoint,
                     options=ray,
-                    trust_remote_code=args.trust_remote_code,
+                    **load_kwargs(args),
                     **placement,
                     **common,
                 )
@@ -175,7 +159,8 @@ def run_trace(args: argparse.Namespace) -> int:
                 raise InputError("--device-map with a checkpoint series needs --ray")
             trace_series(args.model, args.corpus, args.out, **common)
         else:
-            loaded = moeviz.load_model(args.model, trust_remote_code=args.trust_remote_code, **placement)
+            progress = None if args.quiet else load_progress()
+            loaded = load_model(args.model, **load_kwargs(args), **placement, progress=progress)
             trace_corpus(loaded, args.corpus, args.out, checkpoint=checkpoint, **common)
     except KeyboardInterrupt:
         print(
@@ -190,13 +175,14 @@ def run_trace(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_checkpoint_report(argv: list[str]) -> int:
+def run_checkpoint_report(args: argparse.Namespace) -> int:
+    """`moeviz report --checkpoints SERIES --corpus PATH`: trace each checkpoint on the same batch plan and
+    print the timeline (flags: the `report` parser in moeviz.cli)."""
     from transformers.utils import logging as hf_logging
 
+    from moeviz.corpus import check_corpus
     from moeviz.store.checkpoints import checkpoint_timeline, render_timeline, resolve_series, trace_series
-    from moeviz.store.plan import check_corpus
 
-    args = checkpoint_report_parser().parse_args(argv)
     settings = _settings(args)
     check_corpus(args.corpus)
     name, _ = resolve_series(args.checkpoints)

@@ -93,7 +93,7 @@ class TraceWorker:
         import torch
         from transformers.utils import logging as hf_logging
 
-        import moeviz
+        from moeviz.models import load_model
 
         torch.set_num_threads(threads)  # the actor's CPU reservation, not every core of the node
         hf_logging.disable_progress_bar()
@@ -101,7 +101,7 @@ class TraceWorker:
         # ActorDiedError, without the MoevizError that says what is wrong
         self.error: MoevizError | None = None
         try:
-            self.loaded = moeviz.load_model(source, **load_kwargs)
+            self.loaded = load_model(source, **load_kwargs)
         except MoevizError as exc:
             self.error = exc
 
@@ -159,12 +159,15 @@ def trace_corpus_ray(
     device_map: str | int | dict[str, Any] | None = None,
     offload_folder: str | Path | None = None,
     trust_remote_code: bool = False,
+    dtype: str = "auto",
+    device: str = "auto",
 ) -> RunInfo:
     """`trace_corpus` with the model loaded and run on `options.workers` Ray actors (see the module doc).
 
     `source` is what `moeviz.load_model` takes (a folder every worker can read, or `sample:NAME`);
-    `device_map` / `offload_folder` go to it (GPU workers default to `device_map="auto"`). Returns the run,
-    row for row the one `trace_corpus` writes on the same device type."""
+    `device_map` / `offload_folder` / `dtype` / `device` go to it (GPU workers default to
+    `device_map="auto"`). Returns the run, row for row the one `trace_corpus` writes on the same device
+    type."""
     from moeviz.models.loading import SAMPLE_PREFIX, read_source
 
     ray = require_ray()
@@ -181,7 +184,7 @@ def trace_corpus_ray(
     check_run(store, model, checkpoint, config, resume)
     if device_map is None and options.gpus_per_worker > 0:
         device_map = "auto"  # Ray hands each actor its GPUs; without a map the model would stay on CPU
-    load_kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    load_kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "dtype": dtype, "device": device}
     if device_map is not None:
         offload = None if offload_folder is None else str(Path(offload_folder).resolve())
         load_kwargs.update(device_map=device_map, offload_folder=offload)

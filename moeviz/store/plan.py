@@ -1,10 +1,10 @@
 """A corpus streamed into a fixed, reproducible plan of batches (what makes resume and checkpoints exact).
 
-Corpus: a folder (one sub-folder per domain, or files named after their domain, as `moeviz.corpus`) or a
-JSONL file, one object per line with a "text" field and an optional "domain" field. Documents are read one
-at a time; each is tokenized, cut into windows of `chunk_tokens` tokens (the last may be shorter), and the
-windows are grouped into batches of `batch_size` sequences in reading order. The same corpus, tokenizer
-and settings always give the same batches, each identified by a hash of its token ids.
+Corpus: a folder of `.txt` files or a JSONL file, read by `moeviz.corpus` (the one corpus reader; see its
+docstring). Documents are read one at a time; each is tokenized, cut into windows of `chunk_tokens` tokens
+(the last may be shorter), and the windows are grouped into batches of `batch_size` sequences in reading
+order. The same corpus, tokenizer and settings always give the same batches, each identified by a hash of
+its token ids.
 """
 
 from __future__ import annotations
@@ -17,15 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from moeviz.corpus import chunk_token_ids, corpus_files
+from moeviz.corpus import check_corpus, chunk_token_ids, corpus_files, iter_documents
 from moeviz.errors import InputError
-
-
-@dataclass(frozen=True)
-class CorpusDoc:
-    doc: int  # index in reading order
-    domain: str
-    text: str
 
 
 @dataclass(frozen=True)
@@ -56,20 +49,6 @@ def token_hash(token_ids: list[list[int]]) -> str:
     return h.hexdigest()
 
 
-def check_corpus(path: str | Path) -> Path:
-    """Fail early (InputError) on a corpus that cannot be read, before any model is loaded."""
-    path = Path(path)
-    if path.is_dir():
-        if not corpus_files(path):
-            raise InputError(f"corpus folder {path} holds no .txt file")
-    elif path.is_file():
-        if path.suffix not in (".jsonl", ".json", ".ndjson"):
-            raise InputError(f"corpus {path}: give a folder of .txt files or a .jsonl file")
-    else:
-        raise InputError(f"corpus {path} does not exist")
-    return path
-
-
 def corpus_fingerprint(path: str | Path) -> dict:
     """Cheap identity of the corpus (names and sizes of its files) recorded with a run."""
     path = check_corpus(path)
@@ -85,38 +64,6 @@ def corpus_fingerprint(path: str | Path) -> dict:
         "bytes": sum(s for *_, s in listing),
         "id": digest,
     }
-
-
-def iter_documents(path: str | Path) -> Iterator[CorpusDoc]:
-    """Documents in a stable order, read lazily (one in memory at a time). Empty documents are skipped."""
-    path = check_corpus(path)
-    index = 0
-    if path.is_dir():
-        for domain, file in corpus_files(path):
-            try:
-                text = file.read_text(encoding="utf-8")
-            except UnicodeDecodeError as exc:
-                raise InputError(f"corpus file {file} is not UTF-8 text: {exc}") from exc
-            if text.strip():
-                yield CorpusDoc(index, domain, text)
-                index += 1
-        return
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}: line {number} is not valid JSON ({exc.msg})") from None
-            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise InputError(f"{path}: line {number} has no string field 'text'")
-            domain = record.get("domain", "")
-            if not isinstance(domain, str):
-                raise InputError(f"{path}: line {number}: 'domain' must be a string")
-            if record["text"].strip():
-                yield CorpusDoc(index, domain, record["text"])
-                index += 1
 
 
 def iter_batches(

@@ -3,7 +3,7 @@
 Every query reads only the part files listed in the manifests of the selected runs (validated first:
 foreign or corrupt files raise `StoreError`), filtered by model, checkpoint, domain and layer. Results are
 small frames (per layer × expert, per token id, ...); the metrics are the in-memory analysis functions'
-definitions (shared/docs/routing-metrics.md), and tests check they agree exactly on the same traces.
+definitions (docs/routing-metrics.md), and tests check they agree exactly on the same traces.
 """
 
 from __future__ import annotations
@@ -16,7 +16,13 @@ import numpy as np
 import pandas as pd
 
 from moeviz.analysis.collapse import CollapseThresholds, LayerVerdict, judge_layer
-from moeviz.analysis.load import BALANCE_COLUMNS, balance_from_counts, balance_record
+from moeviz.analysis.load import (
+    BALANCE_COLUMNS,
+    EXPERT_BALANCE_COLUMNS,
+    balance_from_counts,
+    balance_record,
+    expert_balance_rows,
+)
 from moeviz.analysis.losses import bias_stats
 from moeviz.store.layout import RunInfo, StoreError, list_runs, validate_store
 
@@ -140,28 +146,18 @@ class StoreQuery:
             out.append((row, key, counts))
         return out
 
-    def expert_load(self) -> pd.DataFrame:
-        """Per (model, checkpoint, site, layer, expert): count, share (of dispatched slots), utilisation
-        (count / fair share) — as `expert_load_frame`, experts with no token included."""
+    def expert_balance(self, devices: int | None = None) -> pd.DataFrame:
+        """Per (model, checkpoint, site, layer, expert): EXPERT_BALANCE_COLUMNS as `expert_balance_frame`
+        (count, share f = c/(kT) with dropped slots in kT, utilisation, dead, device), experts with no
+        token included. A layer's dropped slots are in `balance()` (dropped, dropped_fraction)."""
         parts = []
-        for row, _, counts in self._layer_counts():
-            e = len(counts)
-            total = counts.sum()
-            parts.append(
-                pd.DataFrame(
-                    {
-                        "model": row.model,
-                        "checkpoint": row.checkpoint,
-                        "layer": int(row.layer),
-                        "site": row.site,
-                        "expert": np.arange(e),
-                        "count": counts,
-                        "share": counts / total if total else 0.0,
-                        "utilisation": counts / (total / e) if total else 0.0,
-                    }
-                )
-            )
-        return _sorted(pd.concat(parts, ignore_index=True), ["expert"])
+        for record, stats in self._balance_records(devices):
+            rows = expert_balance_rows(record["layer"], record["site"], stats)
+            parts.append(rows.assign(model=record["model"], checkpoint=record["checkpoint"]))
+        if not parts:
+            return pd.DataFrame(columns=[*RUN_KEYS, *EXPERT_BALANCE_COLUMNS])
+        frame = pd.concat(parts, ignore_index=True)[[*RUN_KEYS, *EXPERT_BALANCE_COLUMNS]]
+        return _sorted(frame, ["expert"])
 
     def balance(self, devices: int | None = None) -> pd.DataFrame:
         """Per (model, checkpoint, site, layer): every balance indicator (BALANCE_COLUMNS, as
@@ -184,8 +180,19 @@ class StoreQuery:
         """Per (model, checkpoint, site, layer): verdict and reasons by `judge_layer` on the store's
         balance, z-loss and recorded bias; plus the indicators the thresholds look at."""
         meta = self.layer_meta()
+        # The same sample-size rule as `collapse_report`: tokens of one sequence are correlated, and the
+        # level is shared by the layers of one (model, checkpoint).
+        lengths = self.sql(
+            "SELECT model, checkpoint, site, layer, seq, count(*) AS n FROM rows WHERE rank = 0 GROUP BY ALL"
+        )
+        seq_lengths = {
+            (model, checkpoint, site, int(layer)): group["n"].to_numpy()
+            for (model, checkpoint, site, layer), group in lengths.groupby([*RUN_KEYS, "site", "layer"])
+        }
+        records = self._balance_records()
+        layers_per_run = pd.Series([(r["model"], r["checkpoint"]) for r, _ in records]).value_counts()
         rows = []
-        for record, stats in self._balance_records():
+        for record, stats in records:
             key = (record["model"], record["checkpoint"], record["site"], record["layer"])
             bias = meta.get(key, {}).get("bias")
             verdict: LayerVerdict = judge_layer(
@@ -195,6 +202,8 @@ class StoreQuery:
                 record["z_loss"],
                 bias_stats(None if bias is None else np.asarray(bias, np.float32)),
                 thresholds,
+                layers=int(layers_per_run[(record["model"], record["checkpoint"])]),
+                sequence_lengths=seq_lengths.get(key, []),
             )
             rows.append(
                 {

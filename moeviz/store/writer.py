@@ -192,9 +192,9 @@ def batch_table(
     """Capture one batch and build its store rows: (table of token × layer × rank rows, layer_info).
 
     The one "batch → rows" step of every writer (single process, Ray workers)."""
-    import moeviz
+    from moeviz.capture import capture
 
-    trace = moeviz.capture(loaded, token_ids=batch.token_ids)
+    trace = capture(loaded, token_ids=batch.token_ids)
     table = trace_table(
         trace,
         model=model,

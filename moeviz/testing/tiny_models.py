@@ -1,7 +1,14 @@
-"""Tiny random-weight MoE models of every supported family, for tests and benchmarks.
+"""Tiny random-weight MoE models of every supported family, for tests and benchmarks (a public helper).
 
-Each builder returns a small config whose routing is non-degenerate: routers and balancing biases are
-randomised after construction (several families zero-initialise them, which makes routing trivial).
+    from moeviz.testing.tiny_models import FAMILIES, build_tiny_model, save_tiny_model
+
+    model = build_tiny_model("qwen3_moe")              # an nn.Module, in eval mode, seeded
+    folder = save_tiny_model("mixtral", tmp_path / "m")  # a Hugging Face folder moeviz.load_model opens
+
+`FAMILIES` lists the model types (`SEQ2SEQ` the encoder-decoders among them); `tiny_config(family,
+**overrides)` gives the config alone. The models take token ids below `VOCAB` and ship no tokenizer. Each
+config is small (2-4 layers, 4-8 experts) and its routing is non-degenerate: routers and balancing biases
+are randomised after construction (several families zero-initialise them, which makes routing trivial).
 """
 
 from __future__ import annotations

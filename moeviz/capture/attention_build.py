@@ -1,4 +1,8 @@
-"""Turn what the attention recorder saw into an `AttentionCapture` (torch → numpy, once, after the run)."""
+"""Turn what the attention recorder saw into an `AttentionCapture` (torch → numpy, once, after the run).
+
+Lives next to the recorder (`moeviz.capture.attention`): capture builds the `moeviz.attention` data objects,
+and `moeviz.attention` never imports capture.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""Start the Streamlit app on a free port and drive it with Debian's Chromium: shared by the browser tests
-and the in-browser benchmark."""
+"""Start the checkout's Streamlit app on a free port and drive it with Debian's Chromium: shared by the
+browser tests and the in-browser benchmark (test code: it needs the repository and a browser)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,8 +17,9 @@ from pathlib import Path
 
 from moeviz.cli import APP_FLAGS
 
-REPO = Path(__file__).resolve().parents[2]
-CHROMIUM = Path("/usr/bin/chromium")
+REPO = Path(__file__).resolve().parents[1]
+# Debian's chromium (`make chromium` installs it); CHROMIUM overrides the binary.
+CHROMIUM = Path(os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium")
 # Without the background-networking flags Chromium keeps calling home on a closed network.
 CHROMIUM_ARGS = [
     "--no-sandbox",

@@ -1,0 +1,166 @@
+"""The server-wide caches: one loaded model per model key, the captures per (model key, text), each
+session's trace copies and the Routing page's frames; and loading them with a progress bar.
+
+A model key is the source plus its load options (`load_options`: dtype, device, device map), so loads at
+two dtypes never share a model or a capture. One loaded model per key is kept for the whole server process
+and shared by every session (`models`); captures are cached per (model key, text) (`CaptureCache`) and
+are thread-safe in the library, so concurrent sessions never see each other's routing. No model math
+here: everything goes through `moeviz`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import pandas as pd
+import streamlit as st
+
+import moeviz
+from components import access, load_options
+from components.capture_cache import CaptureCache
+from components.errors import stop_on_error
+from components.routing_frames import RoutingFrames, build_routing_frames
+from components.scale_frames import ScaleFrames
+from moeviz.analysis.null import load_confidence
+from moeviz.attention import AttentionCapture
+from moeviz.samples import DOMAINS, eval_batch
+
+
+def load_for_key(key: str, progress: Callable[[int, int], None] | None = None) -> moeviz.LoadedModel:
+    """Load the model of a model key (`load_options`: the source and its dtype, device and device map)."""
+    source, options = load_options.split_key(key)
+    return moeviz.load_model(access.check_source(source), progress=progress, **options.load_kwargs())
+
+
+@st.cache_resource
+def models() -> CaptureCache:
+    """The server's loaded models, the 4 latest model keys. Not `st.cache_resource` on the load itself: a
+    cached function replays the elements it drew on later hits, and a load draws its progress bar."""
+
+    def load(key: str, _: str, progress: Callable[[int, int], None] | None) -> moeviz.LoadedModel:
+        return load_for_key(key, progress)
+
+    return CaptureCache(lambda key: key, size=4, capture=load)  # keyed by (model key, "")
+
+
+def get_model(key: str) -> moeviz.LoadedModel:
+    """The model of a model key (a source, with its load options if not the defaults), loaded once per server
+    process and shared by all sessions; its first load shows the weights read in a progress bar."""
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        text = f"Loading weights: {done / 2**20:,.1f} of {total / 2**20:,.1f} MiB"
+        fraction = min(done / total, 1.0) if total else 0.0
+        if bar is None:
+            bar = st.progress(fraction, text=text)
+        else:
+            bar.progress(fraction, text=text)
+
+    cache = models()
+    try:
+        if (key, "") in cache.cached_keys():
+            return cache.get(key, "", progress)
+        with st.spinner("Loading the model…"):  # reading the config and sizing it, before the first bytes
+            return cache.get(key, "", progress)
+    finally:
+        if bar is not None:
+            bar.empty()
+
+
+@st.cache_resource
+def captures() -> CaptureCache:
+    """The server's capture cache. Not `st.cache_resource` on the capture itself: a cached function replays
+    the elements it drew on later hits, and a capture draws its progress bar while it runs."""
+    return CaptureCache(get_model, size=8)
+
+
+def captured(source: str, text: str, progress: Callable[[int, int], None] | None = None) -> moeviz.Trace:
+    """One forward of `text` with routing and (decoder-only models) attention, per (model, text)."""
+    return captures().get(source, text, progress)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def get_trace(source: str, text: str) -> moeviz.Trace:
+    """Routing of `text` through the model at `source` (cached per model and text; each session gets
+    its own copy). Attention is left out here: see `get_attention`."""
+    return dataclasses.replace(captured(source, text), attention=None)
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def routing_frames(source: str, text: str) -> RoutingFrames:
+    """`RoutingFrames` of `text`, built once and shared (read-only: pages only select from them; a
+    per-session copy would cost an unpickling of a million rows on every click of a 32k-token input)."""
+    return build_routing_frames(get_trace(source, text))
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def scale_frames(source: str, text: str) -> ScaleFrames:
+    """`ScaleFrames` of `text` (models with over 20 experts: per-layer frames built on use), shared."""
+    return ScaleFrames(get_trace(source, text))
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def layer_load_bands(
+    source: str, text: str, site: str, layer: int, _routing: moeviz.LayerRouting
+) -> tuple[pd.DataFrame, dict[str, tuple[float, float, float]]]:
+    """Bootstrap bands (90%) of one layer's load (`moeviz.analysis.null.load_confidence`): the per-expert
+    shares (columns expert, share, share_low, share_high) and the indicators' (value, low, high). Cached per
+    (model key, text, layer); `_routing` is that layer of the trace (not hashed)."""
+    band = load_confidence(_routing)
+    experts = pd.DataFrame(
+        {
+            "expert": range(len(band.share)),
+            "share": band.share,
+            "share_low": band.share_low,
+            "share_high": band.share_high,
+        }
+    )
+    return experts, band.indicators
+
+
+def get_attention(source: str, text: str) -> AttentionCapture | None:
+    """The attention capture of `text` (None for models without one), shared by all sessions."""
+    with stop_on_error():
+        return captured(source, text).attention
+
+
+def load_or_stop(source: str, text: str) -> moeviz.Trace:
+    """Load and capture, showing a library error as a message (never a traceback) and stopping the page."""
+    with stop_on_error():
+        get_model(source)
+        bar = st.empty()
+
+        def progress(done: int, total: int) -> None:
+            text = f"Routing the prompt through the model: MoE layer {done} of {total}…"
+            bar.progress(done / total, text=text)
+
+        captured(source, text, progress)
+        bar.empty()
+        return get_trace(source, text)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def get_domain_trace(source: str, domain: str) -> moeviz.Trace:
+    """Routing of one domain of the sample evaluation corpus (8 windows × 256 tokens), cached."""
+    loaded = get_model(source)
+    batch = eval_batch(loaded)
+    ids = [ids for ids, d in zip(batch.token_ids, batch.domains, strict=True) if d == domain]
+    return moeviz.capture(loaded, token_ids=ids)
+
+
+def corpus_trace(source: str) -> moeviz.Trace:
+    """The evaluation corpus (all domains) routed through the model, with a progress bar per domain."""
+    with stop_on_error():
+        get_model(source)  # with its progress bar: the per-domain captures show none
+    bar = st.progress(0.0, text="Routing the evaluation corpus…")
+    parts = []
+    with stop_on_error():
+        try:
+            for i, domain in enumerate(DOMAINS):
+                bar.progress(i / len(DOMAINS), text=f"Routing the evaluation corpus: {domain}…")
+                parts.append(get_domain_trace(source, domain))
+        finally:
+            bar.empty()
+    return moeviz.Trace.concat(parts)

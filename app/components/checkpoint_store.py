@@ -1,0 +1,119 @@
+"""The Checkpoints page's store: every checkpoint of a series traced on the same small token set, once per
+server process, and the timeline computed from it."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+import moeviz
+from components import access
+from components.errors import stop_on_error
+from moeviz.models.loading import sample_models_dir
+from moeviz.samples import write_eval_prefix
+from moeviz.store import TraceSettings, trace_corpus
+from moeviz.store.checkpoints import CheckpointTimeline, checkpoint_timeline, resolve_series
+
+WINDOWS, WINDOW_TOKENS = 2, 256  # the fixed token set per domain: small, so a series runs in seconds
+SETTINGS = TraceSettings(batch_size=WINDOWS, chunk_tokens=WINDOW_TOKENS)
+
+
+def sample_series() -> list[str]:
+    """Sample checkpoint series: the folders of the samples named `<series>/step-*`."""
+    names = {name.split("/")[0] for name in moeviz.list_samples() if "/" in name}
+    return [str(sample_models_dir() / name) for name in sorted(names)]
+
+
+def series_picker() -> str:
+    """Sidebar: a sample series or a typed folder of checkpoint folders (inside `MOEVIZ_MODEL_DIRS`); →
+    that folder. Errors stop the page."""
+    choices = sample_series()
+    with st.sidebar:
+        options = [*choices, access.LOCAL_FOLDER]
+        choice = st.selectbox(
+            "Checkpoint series", options, key="series_choice", format_func=lambda p: Path(p).name
+        )
+        series = choice
+        if choice == access.LOCAL_FOLDER:
+            series = st.text_input(
+                "Series folder",
+                key="series_folder",
+                help="A folder of checkpoint folders (each with config.json).",
+            )
+    with stop_on_error():
+        series = series if series in choices else access.check_source(series or "")  # samples: allowed
+    if not Path(series).is_dir():
+        st.error(f"{series} is not a folder")
+        st.stop()
+    return series
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def series_store(series: str) -> str:
+    """A store folder kept for the server's life, one per series; its checkpoints are traced on demand."""
+    return tempfile.mkdtemp(prefix="moeviz-app-timeline-")
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def small_corpus(series: str, first_folder: str) -> str:
+    """The first WINDOWS × WINDOW_TOKENS tokens of each evaluation slice (the series' tokenizer), as a
+    corpus folder: every checkpoint is traced on exactly these tokens."""
+    folder = Path(tempfile.mkdtemp(prefix="moeviz-app-corpus-"))
+    return str(write_eval_prefix(moeviz.load_model(first_folder), folder, WINDOWS * WINDOW_TOKENS))
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def traced_checkpoint(series: str, label: str, folder: str, index: int) -> str:
+    """Trace one checkpoint of `series` into its store (once per server process; resumable)."""
+    name, checkpoints = resolve_series(series)
+    trace_corpus(
+        moeviz.load_model(folder),
+        small_corpus(series, str(checkpoints[0][1])),
+        series_store(series),
+        model=name,
+        checkpoint=label,
+        checkpoint_index=index,
+        settings=SETTINGS,
+        resume=True,
+        progress=False,
+    )
+    return label
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def timeline_of(series: str) -> CheckpointTimeline:
+    """The timeline of a fully traced series (call after `traced_checkpoint` for every checkpoint)."""
+    name, _ = resolve_series(series)
+    return checkpoint_timeline(series_store(series), model=name)
+
+
+def run_timeline(series: str) -> CheckpointTimeline:
+    """Trace every checkpoint (progress bar per checkpoint), then compute the timeline; errors stop."""
+    with stop_on_error():
+        _, checkpoints = resolve_series(series)
+        bar = st.progress(0.0, text="Tracing the checkpoints…")
+        for i, (label, folder) in enumerate(checkpoints):
+            bar.progress(
+                i / len(checkpoints), text=f"Tracing checkpoint {label} ({i + 1}/{len(checkpoints)})…"
+            )
+            traced_checkpoint(series, label, str(folder), i)
+        bar.progress(1.0, text="Comparing the checkpoints…")
+        timeline = timeline_of(series)
+        bar.empty()
+        return timeline
+
+
+def timeline_table(timeline: CheckpointTimeline) -> pd.DataFrame:
+    """Per checkpoint × layer: balance, verdict and saturation, in training order."""
+    return (
+        timeline.collapse.merge(
+            timeline.saturation.drop(columns="tokens"),
+            on=["checkpoint", "order", "site", "layer"],
+            how="left",
+        )
+        .sort_values(["order", "site", "layer"])
+        .reset_index(drop=True)
+    )

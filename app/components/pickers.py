@@ -1,0 +1,171 @@
+"""Pickers whose choice survives page switches: the model (sidebar), MoE layer, expert, token and attention
+head; a click on a selectable chart moves the token and head pickers."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import moeviz
+import moeviz.charts
+from components import access, load_options
+from components.errors import stop_on_error
+from components.widgets import keep, kept, new_click
+
+
+def model_picker() -> str:
+    """Sidebar: pick a sample or type a local folder, and how to load it (the "Advanced" expander). Returns
+    the model key (`load_options`: the checked source, plus the load options when not the defaults); stops
+    the page with a message on a bad source or option."""
+    samples = access.sample_sources()
+    choices = [*samples, access.LOCAL_FOLDER]
+    default = access.default_model()
+    if "model" not in st.session_state:  # the choice kept across page switches
+        if default.startswith(access.SAMPLE_PREFIX):
+            st.session_state["model"] = default if default in samples else choices[0]
+        else:
+            st.session_state["model"] = access.LOCAL_FOLDER
+            st.session_state["model_folder_kept"] = default
+    with st.sidebar:
+        choice = kept("model", choices, st.selectbox, "Model", choices, widget_key="model_choice")
+        source = choice
+        if choice == access.LOCAL_FOLDER:
+            st.session_state["model_folder"] = st.session_state.get("model_folder_kept", "")
+            source = st.text_input(
+                "Model folder",
+                key="model_folder",
+                help=f"A Hugging Face folder. {access.roots_hint('model')}",
+                on_change=keep,
+                args=("model_folder", "model_folder_kept"),
+            )
+        options = advanced_load_options()
+    with stop_on_error():
+        checked = access.check_source(source or "")
+        options.load_kwargs()  # a bad option stops the page before anything loads
+        return options.key(checked)
+
+
+def _kept_text(label: str, store_key: str, **kwargs) -> str:
+    """A text input whose value survives page switches (`st.session_state[store_key]`)."""
+    widget_key = f"{store_key}_widget"
+    st.session_state[widget_key] = st.session_state.get(store_key, "")
+    return st.text_input(label, key=widget_key, on_change=keep, args=(widget_key, store_key), **kwargs)
+
+
+def advanced_load_options() -> load_options.LoadOptions:
+    """The "Advanced" expander of the model picker: dtype, device, device map (offload folder, max memory),
+    passed on to `moeviz.load_model`; each choice survives page switches."""
+    with st.expander("Advanced", expanded=False):
+        dtype = kept(
+            "load_dtype",
+            load_options.DTYPES,
+            st.selectbox,
+            "dtype",
+            load_options.DTYPES,
+            help="auto = the checkpoint's own dtype (fp16 loads as fp32 on a CPU). Router scores are always "
+            "computed in fp32.",
+        )
+        devices = load_options.devices()
+        device = kept(
+            "load_device",
+            devices,
+            st.selectbox,
+            "Device",
+            devices,
+            help="auto = CUDA, then MPS, then the CPU (only the devices available here are offered)",
+        )
+        device_map = kept(
+            "load_device_map",
+            load_options.DEVICE_MAPS,
+            st.selectbox,
+            "Device map",
+            load_options.DEVICE_MAPS,
+            help="auto spreads a model over the GPUs, CPU RAM and disk (needs accelerate); replaces the "
+            "device and the memory check",
+        )
+        spread = device_map != "none"
+        folder = _kept_text(
+            "Offload folder",
+            "load_offload_folder",
+            disabled=not spread,
+            help="With device map auto: where the modules that go to disk are kept. "
+            + access.roots_hint("model"),
+        )
+        budget = _kept_text(
+            "Max memory",
+            "load_max_memory",
+            disabled=not spread,
+            placeholder="cpu=2GiB",
+            help="With device map auto: a budget per device, DEVICE=SIZE pairs such as 0=70GiB,cpu=8GiB",
+        )
+    return load_options.LoadOptions(
+        dtype=dtype,
+        device=device,
+        device_map=device_map,
+        offload_folder=(folder or "") if spread else "",
+        max_memory=(budget or "") if spread else "",
+    )
+
+
+def layer_options(keys: list[tuple[str, int]]) -> dict[str, tuple[str, int]]:
+    """Slider labels of the MoE layers → (site, layer); the site is named only when a model has several."""
+    several = len({site for site, _ in keys}) > 1
+    return {(f"{layer} ({site})" if several else str(layer)): (site, layer) for site, layer in keys}
+
+
+def pick_layer(trace: moeviz.Trace, label: str = "MoE layer") -> tuple[str, int]:
+    """Layer slider whose choice survives page switches (`st.session_state["layer"]`); → (site, layer)."""
+    layers = layer_options(trace.layer_keys)
+    return layers[kept("layer", list(layers), st.select_slider, label, list(layers))]
+
+
+def pick_expert(num_experts: int, label: str = "Expert") -> int:
+    """Expert picker whose choice survives page switches (`st.session_state["expert"]`)."""
+    options = list(range(num_experts))
+    return int(kept("expert", options, st.selectbox, label, options))
+
+
+def pick_token(options: dict[str, tuple[int, int]], clicked: tuple[int, int] | None) -> tuple[int, int]:
+    """Token picker (label → (seq, pos)); a newly clicked heatmap cell selects its token. The choice
+    survives page switches (`st.session_state["token"]`)."""
+    labels = list(options)
+    by_key = {key: label for label, key in options.items()}
+    if new_click(clicked, "token_clicked") and clicked in by_key:
+        st.session_state["token"] = by_key[clicked]
+    return options[kept("token", labels, st.selectbox, "Token", labels, help="Or click a heatmap cell")]
+
+
+def clicked_token(event) -> tuple[int, int] | None:
+    """(seq, pos) of the token clicked in a selectable heatmap (`moeviz.charts.TOKEN_SELECTION`), if any."""
+    points = (event or {}).get("selection", {}).get(moeviz.charts.TOKEN_SELECTION) or []
+    if not points:
+        return None
+    point = points[0]
+    return int(point.get("seq", 0)), int(point["pos"])
+
+
+def clicked_head(*events) -> tuple[int, int] | None:
+    """(layer, head) clicked in any of the head-grid heatmaps (`moeviz.charts.HEAD_SELECTION`), if any."""
+    for event in events:
+        points = (event or {}).get("selection", {}).get(moeviz.charts.HEAD_SELECTION) or []
+        if points and int(points[0].get("head", -1)) >= 0:
+            return int(points[0]["layer"]), int(points[0]["head"])
+    return None
+
+
+def pick_head(layers: list[int], num_heads: int, clicked: tuple[int, int] | None) -> tuple[int, int]:
+    """Attention layer and head pickers (choices survive page switches: `attention_layer`,
+    `attention_head`); a newly clicked head-grid cell selects its layer and head."""
+    if new_click(clicked, "head_clicked") and clicked[0] in layers:
+        st.session_state["attention_layer"], st.session_state["attention_head"] = clicked
+    a, b = st.columns(2)
+    heads = list(range(num_heads))
+    layer = kept(
+        "attention_layer",
+        layers,
+        a.selectbox,
+        "Attention layer",
+        layers,
+        help="Decoder layers with a softmax attention map",
+    )
+    head = kept("attention_head", heads, b.selectbox, "Head", heads, help="Or click a cell of the head grid")
+    return int(layer), int(head)

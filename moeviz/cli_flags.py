@@ -1,0 +1,138 @@
+"""Flags shared by the `moeviz` subcommands, each defined once (same name, default and help everywhere).
+Used by `moeviz.cli` (capture, report) and `moeviz.store.cli` (trace); imports nothing from moeviz."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+MODEL_HELP = "local Hugging Face folder or sample:NAME"
+CORPUS_HELP = (
+    "a folder of .txt files (one sub-folder, or file name, per domain) or a JSONL file (one object per "
+    'line: "text", optional "domain")'
+)
+BATCH_SIZE = 8
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def add_model_flags(
+    command: argparse.ArgumentParser, *, model_help: str = MODEL_HELP, group: Any = None
+) -> None:
+    """--model and the flags that say how to load it, for every command that loads a model (capture,
+    report, trace): add a model-loading flag here and pass it on in `load_kwargs`. With `group` (a
+    mutually exclusive group), --model goes into it instead of being required on its own."""
+    if group is None:
+        command.add_argument("--model", required=True, help=model_help)
+    else:
+        group.add_argument("--model", help=model_help)
+    command.add_argument(
+        "--trust-remote-code", action="store_true", help="run modelling code shipped in the folder"
+    )
+    command.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="auto",
+        help="dtype of the weights: auto = the checkpoint's own (fp16 loads as fp32 on a CPU)",
+    )
+    command.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda:N, mps")
+
+
+def load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword arguments of `moeviz.load_model` from the flags `add_model_flags` added."""
+    return {"trust_remote_code": args.trust_remote_code, "dtype": args.dtype, "device": args.device}
+
+
+def add_placement_flags(command: argparse.ArgumentParser) -> None:
+    """--device-map, --offload-folder and --max-memory (a model spread over GPUs, CPU and disk), passed on by
+    `placement_kwargs` (capture, report)."""
+    command.add_argument(
+        "--device-map",
+        help="spread the model (needs accelerate): auto, a device, or JSON {module: device|cpu|disk}",
+    )
+    command.add_argument("--offload-folder", type=Path, help="where a device map's 'disk' modules go")
+    command.add_argument(
+        "--max-memory",
+        metavar="DEV=SIZE,...",
+        help="with --device-map: memory budget per device, e.g. 0=70GiB,cpu=8GiB",
+    )
+
+
+def placement_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword arguments of `moeviz.load_model` from the flags `add_placement_flags` added."""
+    from moeviz.errors import InputError
+
+    kwargs: dict[str, Any] = {}
+    text = args.device_map
+    if text is not None:
+        if text.lstrip().startswith("{"):
+            try:
+                kwargs["device_map"] = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"--device-map is not valid JSON: {exc.msg}") from None
+            if not isinstance(kwargs["device_map"], dict):
+                raise InputError("--device-map JSON must be an object {module: device}")
+        else:
+            kwargs["device_map"] = int(text) if text.isdigit() else text
+    elif args.offload_folder is not None or args.max_memory is not None:
+        raise InputError("--offload-folder and --max-memory need --device-map (e.g. --device-map auto)")
+    if args.offload_folder is not None:
+        kwargs["offload_folder"] = args.offload_folder
+    if args.max_memory is not None:
+        budget: dict[int | str, str] = {}
+        for part in filter(None, (p.strip() for p in args.max_memory.split(","))):
+            device, sep, size = part.partition("=")
+            if not sep or not device.strip() or not size.strip():
+                raise InputError(
+                    f"--max-memory takes DEVICE=SIZE pairs (e.g. 0=70GiB,cpu=8GiB), got {part!r}"
+                )
+            device = device.strip()
+            budget[int(device) if device.isdigit() else device] = size.strip()
+        kwargs["max_memory"] = budget
+    return kwargs
+
+
+def load_progress(description: str = "loading model") -> Callable[[int, int], None]:
+    """A `load_model(progress=...)` callback drawing the bytes read on stderr; the bar closes when the load
+    completes."""
+    from tqdm import tqdm
+
+    bars: list[Any] = []
+
+    def update(done: int, total: int) -> None:
+        if not bars:
+            bars.append(
+                tqdm(
+                    total=total,
+                    desc=description,
+                    unit="B",
+                    unit_scale=True,
+                    unit_divisor=1024,
+                    file=sys.stderr,
+                    leave=False,
+                )
+            )
+        bars[0].update(done - bars[0].n)
+        if done >= total:
+            bars[0].close()
+
+    return update
+
+
+def add_batching_flags(command: argparse.ArgumentParser, *, chunk_tokens: int) -> None:
+    """How a corpus is cut into sequences and batches (report --corpus, report --checkpoints, trace)."""
+    command.add_argument(
+        "--batch-size",
+        type=int,
+        default=BATCH_SIZE,
+        help=f"corpus: sequences per forward (default {BATCH_SIZE})",
+    )
+    command.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=chunk_tokens,
+        help=f"corpus: tokens per sequence (default {chunk_tokens})",
+    )

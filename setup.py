@@ -1,0 +1,18 @@
+"""Packaging beyond pyproject.toml (which holds the metadata): which files go into the wheel.
+
+The wheel holds the `moeviz` package and, inside it, the repository's top-level `app/` (the Streamlit app)
+and `sample_models/` (the bundled models and their evaluation slices), installed as `moeviz/_app` and
+`moeviz/_sample_models`; `moeviz.resources.bundled_path` finds them there, or beside the package in a
+checkout (and in an editable install). `tests/test_packaging.py` checks the wheel's file list.
+"""
+
+from setuptools import find_packages, setup
+
+BUNDLED = {"moeviz._app": "app", "moeviz._sample_models": "sample_models"}  # in the wheel -> in the repo
+
+setup(
+    packages=[*find_packages(include=["moeviz", "moeviz.*"]), *BUNDLED],
+    package_dir=BUNDLED,
+    package_data={name: ["**/*"] for name in BUNDLED},
+    exclude_package_data={name: ["**/__pycache__/*", "**/*.pyc", "__pycache__/*"] for name in BUNDLED},
+)

@@ -1,0 +1,110 @@
+"""Every page at scale in the real browser (headless Chromium): the app opened on random DeepSeek-V3-shaped
+(256 experts × 61 blocks) and Kimi-K2-shaped (384 experts) models shows no error, draws every Vega chart,
+and hides no label of an expert, layer or value axis (Vega's overlap removal gives a dropped label opacity
+0: none may have it in any chart drawn as SVG; token axes "pos:token" of windows up to 200 tokens thin their
+labels by design); a screenshot of each page goes to docs/screenshots/scale-<model>-<page>.png."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from tests.app_server import CHROMIUM, CHROMIUM_ARGS, AppDidNotStart, running_app
+from tests.scale_models import SHAPES, with_tokenizer
+from tests.test_app_browser import (
+    RENDER_TIMEOUT_S,
+    START_TIMEOUT_S,
+    assert_no_error,
+    save_screenshot,
+    wait_for_heading,
+    wait_until_idle,
+)
+
+pytestmark = pytest.mark.browser
+
+VIEWPORT = {"width": 1200, "height": 900}
+PAGES = {  # navigation title -> (screenshot name, key of the container of the chart to wait for and show)
+    "Routing": ("routing", "strip"),
+    "Load & collapse": ("load", "load_heatmap"),
+    "Structure": ("structure", "coactivation"),
+    "Attention": ("attention", "heads_mean_entropy"),
+    "Compare": ("compare", "load_a"),
+    "About the model": ("about", "bias"),
+    "Why this expert?": ("why", None),
+}
+# Per chart on the page: drawn (a canvas or SVG marks of non-zero size), SVG or not, and for SVG charts the
+# axis labels shown and those Vega's overlap removal hid (opacity 0).
+_CHARTS_JS = """() => [...document.querySelectorAll('.vega-embed')].map(embed => {
+  const canvas = embed.querySelector('canvas');
+  const svg = embed.querySelector('svg.marks');
+  const drawn = canvas || svg;
+  const box = drawn ? drawn.getBoundingClientRect() : {width: 0, height: 0};
+  const labels = svg ? [...svg.querySelectorAll('.role-axis-label text')] : [];
+  const hidden = labels.filter(t => (t.getAttribute('opacity') === '0' || t.style.opacity === '0')
+                                    && !/^[0-9]+:/.test(t.textContent));  // token axes thin their labels
+  const title = embed.querySelector('.role-title-text');
+  return {title: title ? title.textContent : '', drawn: box.width > 0 && box.height > 0, svg: !!svg,
+          labels: labels.length, hidden: hidden.map(t => t.textContent)};
+})"""
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.is_file():
+        pytest.fail(f"{CHROMIUM} not found: the browser test needs Debian's chromium")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def scale_app(request, tiny_model_dir):
+    folder = with_tokenizer(tiny_model_dir("deepseek_v3", **SHAPES[request.param]))
+    try:
+        with running_app(str(folder), START_TIMEOUT_S) as url:
+            yield request.param, url
+    except AppDidNotStart as exc:
+        pytest.fail(str(exc))
+
+
+def charts_drawn(page: Page) -> list[dict]:
+    """`_CHARTS_JS` once every chart on the page is drawn (Vega draws after Streamlit's run ends)."""
+    every = "[...document.querySelectorAll('.vega-embed')].every(e => e.querySelector('canvas, svg.marks'))"
+    page.wait_for_function(f"() => {every}", timeout=RENDER_TIMEOUT_S * 1000)
+    return page.evaluate(_CHARTS_JS)
+
+
+def test_every_page_at_scale(scale_app, browser: Browser) -> None:
+    name, url = scale_app
+    page = browser.new_page(viewport=VIEWPORT)
+    try:
+        page.goto(url, wait_until="domcontentloaded")
+        page.locator(".st-key-routing_prompt textarea").wait_for(timeout=RENDER_TIMEOUT_S * 1000)
+        dropped = {}
+        for title, (shot, key) in PAGES.items():
+            if title != "Routing":
+                page.get_by_role("link", name=title).click()
+            wait_for_heading(page, title.split(" ")[0].rstrip("?"))
+            if key is not None:
+                page.locator(f".st-key-{key} canvas, .st-key-{key} svg.marks").first.wait_for(
+                    timeout=RENDER_TIMEOUT_S * 1000
+                )
+            wait_until_idle(page)
+            assert_no_error(page)
+            charts = charts_drawn(page)
+            assert all(c["drawn"] for c in charts), [c["title"] for c in charts if not c["drawn"]]
+            dropped.update({f"{title}: {c['title']}": c["hidden"] for c in charts if c["hidden"]})
+            if key is not None:
+                assert charts, f"{title}: no chart"
+                page.locator(f".st-key-{key}").first.evaluate("e => e.scrollIntoView({block: 'start'})")
+            else:
+                page.evaluate("window.scrollTo(0, 0)")
+            save_screenshot(page, f"scale-{name}-{shot}")
+        assert not dropped, f"axis labels dropped by overlap removal: {dropped}"
+    finally:
+        page.close()

@@ -1,0 +1,85 @@
+"""CLI load flags (--dtype, --device, --device-map, --offload-folder, --max-memory) and the load progress."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from moeviz import cli
+from moeviz.testing.tiny_models import build_tiny_model
+from moeviz.trace import Trace
+
+
+@pytest.fixture(scope="module")
+def bf16_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cli_bf16")
+    build_tiny_model("qwen3_moe").to(torch.bfloat16).save_pretrained(folder)
+    return folder
+
+
+def _capture(folder, out, *flags):
+    return cli.main(["capture", "--model", str(folder), "--token-ids", "3,4,5,6", "--out", str(out), *flags])
+
+
+def test_capture_dtype_and_device_flags(bf16_folder, tmp_path):
+    assert _capture(bf16_folder, tmp_path / "auto.parquet") == 0
+    assert Trace.from_parquet(tmp_path / "auto.parquet").model.dtype == "bfloat16"
+    assert _capture(bf16_folder, tmp_path / "fp32.parquet", "--dtype", "float32", "--device", "cpu") == 0
+    model = Trace.from_parquet(tmp_path / "fp32.parquet").model
+    assert (model.dtype, model.device) == ("float32", "cpu")
+
+
+def test_capture_with_a_device_map_and_disk_offload(bf16_folder, tmp_path, capsys):
+    device_map = {"model.embed_tokens": "cpu", "model.layers.0": "disk", "model.layers.1": "cpu",
+                  "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}  # fmt: skip
+    out = tmp_path / "split.parquet"
+    flags = ["--device-map", json.dumps(device_map), "--offload-folder", str(tmp_path / "off")]
+    assert _capture(bf16_folder, out, *flags, "--max-memory", "cpu=1GiB") == 0
+    assert "disk (1 module)" in Trace.from_parquet(out).model.device
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--offload-folder", "x"], "need --device-map"),
+        (["--max-memory", "cpu=1GiB"], "need --device-map"),
+        (["--device-map", "auto", "--max-memory", "cpu"], "DEVICE=SIZE"),
+        (["--device-map", "{bad"], "not valid JSON"),
+        (["--device", "tpu"], "unknown device"),
+        (["--device", "cuda:0"], "CUDA"),
+    ],
+)
+def test_bad_load_flags_exit_2(bf16_folder, tmp_path, capsys, flags, message):
+    if "cuda" in flags[-1] and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    out = tmp_path / "t.parquet"
+    assert _capture(bf16_folder, out, *flags) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_bad_dtype_is_a_usage_error(bf16_folder, tmp_path):
+    with pytest.raises(SystemExit) as err:
+        _capture(bf16_folder, tmp_path / "t.parquet", "--dtype", "int8")
+    assert err.value.code == 2
+
+
+def test_report_takes_load_flags_and_refuses_them_with_checkpoints(bf16_folder, capsys):
+    code = cli.main(["report", "--model", str(bf16_folder), "--token-ids", "3,4,5,6", "--dtype", "float32",
+                     "--format", "json"])  # fmt: skip
+    assert code in (0, 3)
+    assert json.loads(capsys.readouterr().out)["layers"]
+    with pytest.raises(SystemExit):
+        cli.main(["report", "--checkpoints", "a,b", "--corpus", "c", "--dtype", "float32"])
+    assert "--dtype only applies to one --model" in capsys.readouterr().err
+
+
+def test_load_progress_bar_counts_bytes(capsys):
+    from moeviz.cli_flags import load_progress
+
+    update = load_progress("loading")
+    for done in (0, 512, 2048):
+        update(done, 2048)
+    assert "loading" in capsys.readouterr().err

@@ -1,0 +1,118 @@
+"""Packaging and configuration: the wheel ships the app and the samples, importing moeviz leaves the
+environment alone, every `MOEVIZ_*` setting is read in moeviz.settings and documented in the README.
+
+The whole check of an installed wheel (a fresh venv outside the checkout, `moeviz report` and `moeviz app`
+on the default sample) takes minutes: scripts/check_wheel.sh.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from moeviz.models.loading import list_samples, sample_models_dir
+from moeviz.resources import bundled_path
+from moeviz.settings import SETTINGS_HELP, current_settings
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_importing_moeviz_leaves_the_environment_alone():
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    code = (
+        "import os; before = dict(os.environ)\n"
+        "import moeviz, moeviz.cli, moeviz.store, moeviz.analysis, moeviz.charts, moeviz.report\n"
+        "changed = sorted(set(os.environ.items()) ^ set(before.items()))\n"
+        "assert not changed, changed\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_cli_sets_hf_offline_for_itself(monkeypatch, capsys):
+    from moeviz import cli
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(SystemExit):
+        cli.main(["--version"])
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    assert capsys.readouterr().out.startswith("moeviz ")
+
+
+def test_settings_are_read_in_one_place_and_documented():
+    readers = re.compile(r"""(environ(\.get)?|getenv)\s*[\[(]\s*["']MOEVIZ_""")
+    offenders = [
+        str(path.relative_to(REPO))
+        for folder in ("moeviz", "app")
+        for path in (REPO / folder).rglob("*.py")
+        if path != REPO / "moeviz" / "settings.py" and readers.search(path.read_text(encoding="utf-8"))
+    ]
+    assert offenders == [], "read MOEVIZ_* settings through moeviz.settings.current_settings()"
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    table = {m.group(1) for m in re.finditer(r"^\| `(MOEVIZ_[A-Z_]+)` \|", readme, re.MULTILINE)}
+    assert set(SETTINGS_HELP) <= table, set(SETTINGS_HELP) - table
+
+
+def test_settings_are_read_on_each_call(monkeypatch, tmp_path):
+    monkeypatch.setenv("MOEVIZ_SAMPLE_MODELS", str(tmp_path))
+    monkeypatch.setenv("MOEVIZ_MODEL_DIRS", os.pathsep.join([str(tmp_path), " "]))
+    monkeypatch.setenv("MOEVIZ_DEFAULT_MODEL", " sample:mixtral-collapsed ")
+    monkeypatch.delenv("MOEVIZ_STORE_DIRS", raising=False)
+    settings = current_settings()
+    assert settings.model_dirs == (tmp_path.resolve(),) and settings.store_dirs is None
+    assert settings.default_model == "sample:mixtral-collapsed"
+    assert sample_models_dir() == tmp_path and list_samples() == []
+    monkeypatch.delenv("MOEVIZ_SAMPLE_MODELS")
+    assert sample_models_dir() == bundled_path("sample_models")
+
+
+def test_checkout_uses_its_top_level_folders():
+    assert bundled_path("app") == REPO / "app"
+    assert bundled_path("sample_models") == REPO / "sample_models"
+    assert "mixtral-healthy" in list_samples()
+
+
+def test_wheel_ships_the_app_and_the_samples(tmp_path):
+    """Build the wheel from a clean copy of the tree (no stale build/ folder) and read its file list."""
+    source = tmp_path / "src"
+    shutil.copytree(
+        REPO,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "docs", "benchmarks"
+        ),
+    )
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w"]
+    build = subprocess.run(
+        [*command, str(tmp_path), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = tmp_path.glob("moeviz-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+
+    def shipped(folder: str, inside: str) -> set[str]:
+        files = (p for p in (REPO / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        return {f"moeviz/{inside}/{p.relative_to(REPO / folder).as_posix()}" for p in files}
+
+    app, samples = shipped("app", "_app"), shipped("sample_models", "_sample_models")
+    assert "moeviz/_app/streamlit_app.py" in app and any("/_app/pages/" in n for n in app)
+    assert "moeviz/_sample_models/mixtral-healthy/model.safetensors" in samples
+    assert "moeviz/_sample_models/mixtral-healthy/tokenizer.json" in samples
+    assert app | samples <= names, sorted((app | samples) - names)[:10]
+    assert {"moeviz/__init__.py", "moeviz/cli.py", "moeviz/testing/tiny_models.py"} <= names
+    assert not [n for n in names if n.startswith(("tests/", "app/", "sample_models/")) or "__pycache__" in n]
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert "moeviz = moeviz.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
