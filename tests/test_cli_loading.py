@@ -83,3 +83,44 @@ def test_load_progress_bar_counts_bytes(capsys):
     for done in (0, 512, 2048):
         update(done, 2048)
     assert "loading" in capsys.readouterr().err
+
+
+def test_checkpoint_series_loads_with_the_given_dtype(corpus, tmp_path):
+    """A series traced with dtype=bfloat16 stores exactly what each checkpoint loaded in bf16 routes (and not
+    what the float32 load routes): the load options reach every checkpoint."""
+    from moeviz.models import load_model
+    from moeviz.models.loading import sample_models_dir
+    from moeviz.store import StoreQuery, TraceSettings, trace_corpus
+    from moeviz.store.checkpoints import trace_series
+
+    series_dir = sample_models_dir() / "mixtral-healthy-series"
+    spec, folder = [series_dir / "step-00000", series_dir / "step-01000"], series_dir / "step-01000"
+    settings = TraceSettings(batch_size=2, chunk_tokens=64, max_batches=1)
+    rows = (
+        "SELECT seq, pos, layer, rank, expert, weight FROM rows WHERE checkpoint = 'step-01000' ORDER BY ALL"
+    )
+    trace_series(spec, corpus, tmp_path / "bf16", settings=settings, progress=False, dtype="bfloat16")
+    trace_series(spec, corpus, tmp_path / "fp32", settings=settings, progress=False, dtype="float32")
+    loaded = load_model(folder, dtype="bfloat16")
+    direct_store = tmp_path / "direct"
+    trace_corpus(loaded, corpus, direct_store, checkpoint="step-01000", settings=settings, progress=False)
+    series, direct = StoreQuery(tmp_path / "bf16").sql(rows), StoreQuery(direct_store).sql(rows)
+    assert len(series) > 0
+    assert series.equals(direct)
+    assert not series["weight"].equals(StoreQuery(tmp_path / "fp32").sql(rows)["weight"])
+
+
+def test_trace_max_memory_needs_a_device_map(corpus, tmp_path, capsys):
+    out = tmp_path / "s"
+    args = [
+        "trace",
+        "--model",
+        "sample:mixtral-healthy",
+        "--corpus",
+        str(corpus),
+        "--out",
+        str(out),
+    ]
+    assert cli.main([*args, "--max-memory", "cpu=1GiB"]) == 2
+    assert "need --device-map" in capsys.readouterr().err
+    assert not out.exists()

@@ -45,35 +45,13 @@ def routing_parquet(trace: moeviz.Trace) -> Callable[[], bytes]:
     return build
 
 
-def routing_downloads(routing: pd.DataFrame, trace: moeviz.Trace) -> None:
-    """The routing table as CSV and as a moeviz Parquet trace file (built only when clicked; a click does
-    not rerun the page)."""
+def routing_downloads(trace: moeviz.Trace, routing: pd.DataFrame | None = None) -> None:
+    """The routing table as CSV and as a moeviz Parquet trace file, each built only when clicked (a click
+    does not rerun the page). Without `routing` (the page's `RoutingFrames.routing`) the CSV's table is
+    built from the trace on click: at hundreds of experts and dozens of layers the page never builds it."""
+    csv = routing_csv(routing) if routing is not None else lambda: csv_bytes(trace.routing_frame())
     d1, d2 = st.columns(2)
-    d1.download_button(
-        "Routing table (CSV)", routing_csv(routing), "routing.csv", "text/csv", icon="⬇", on_click="ignore"
-    )
-    d2.download_button(
-        "Routing table (Parquet)",
-        routing_parquet(trace),
-        "routing.parquet",
-        PARQUET_MIME,
-        icon="⬇",
-        on_click="ignore",
-    )
-
-
-def routing_downloads_lazy(trace: moeviz.Trace) -> None:
-    """`routing_downloads` with the routing table itself built only when its CSV is clicked (at hundreds of
-    experts and dozens of layers the page never builds it)."""
-    d1, d2 = st.columns(2)
-    d1.download_button(
-        "Routing table (CSV)",
-        lambda: csv_bytes(trace.routing_frame()),
-        "routing.csv",
-        "text/csv",
-        icon="⬇",
-        on_click="ignore",
-    )
+    d1.download_button("Routing table (CSV)", csv, "routing.csv", "text/csv", icon="⬇", on_click="ignore")
     d2.download_button(
         "Routing table (Parquet)",
         routing_parquet(trace),

@@ -237,9 +237,9 @@ def load_view(site: str, layer: int, num_experts: int, highlight: int | None = N
                 "(tokens resampled; too narrow for one text, whose tokens are not independent)."
             )
         if SCALE:
-            exports.routing_downloads_lazy(trace)
+            exports.routing_downloads(trace)
         else:
-            exports.routing_downloads(frames.routing, trace)
+            exports.routing_downloads(trace, frames.routing)
 
 
 @st.fragment

@@ -15,6 +15,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -74,9 +75,11 @@ def trace_series(
     settings=None,
     resume: bool = False,
     progress: bool = True,
+    **load_options: Any,
 ) -> tuple[str, list[str]]:
     """Trace every checkpoint of a series on the same corpus plan into `store`; returns (model label,
-    checkpoint labels in order). Each checkpoint is loaded, traced and released in turn."""
+    checkpoint labels in order). Each checkpoint is loaded (`moeviz.load_model(folder, **load_options)`:
+    dtype, device, device_map, ...), traced and released in turn."""
     import gc
 
     from moeviz.models import load_model
@@ -85,7 +88,7 @@ def trace_series(
     name, checkpoints = resolve_series(spec)
     name = model or name
     for index, (label, folder) in enumerate(checkpoints):
-        loaded = load_model(folder)
+        loaded = load_model(folder, **load_options)
         trace_corpus(
             loaded,
             corpus,

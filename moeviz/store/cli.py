@@ -10,7 +10,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from moeviz.cli_flags import CORPUS_HELP, add_batching_flags, add_model_flags, load_kwargs, load_progress
+from moeviz.cli_flags import (
+    CORPUS_HELP,
+    add_batching_flags,
+    add_model_flags,
+    add_placement_flags,
+    load_kwargs,
+    load_progress,
+    placement_kwargs,
+)
 from moeviz.errors import InputError
 
 EXIT_INTERRUPTED = 130
@@ -37,12 +45,7 @@ def add_trace_parser(commands) -> argparse.ArgumentParser:
     trace.add_argument("--checkpoint", default=None, help="checkpoint label for one model (default: final)")
     trace.add_argument("--confidence", action="store_true", help="also store per-token entropy and margin")
     trace.add_argument("--quiet", action="store_true", help="no progress bar")
-    trace.add_argument(
-        "--device-map",
-        help="split the model over devices (needs accelerate): auto, cpu, cuda:0, or a JSON "
-        '{"module": device|"cpu"|"disk"}',
-    )
-    trace.add_argument("--offload-folder", type=Path, help="where a device map's 'disk' modules go")
+    add_placement_flags(trace)
     ray = trace.add_argument_group("Ray (pip install 'moeviz[ray]')")
     ray.add_argument(
         "--ray",
@@ -74,21 +77,6 @@ def _settings(args: argparse.Namespace):
         max_batches=args.max_batches,
         confidence=getattr(args, "confidence", False),
     )
-
-
-def _device_map(text: str | None) -> str | int | dict | None:
-    """--device-map: a device or strategy name, a GPU ordinal, or a JSON object."""
-    if text is None:
-        return None
-    if text.lstrip().startswith("{"):
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"--device-map is not valid JSON: {exc.msg}") from None
-        if not isinstance(value, dict):
-            raise InputError("--device-map JSON must be an object {module: device}")
-        return value
-    return int(text) if text.isdigit() else text
 
 
 def _ray_options(args: argparse.Namespace):
@@ -127,9 +115,7 @@ def run_trace(args: argparse.Namespace) -> int:
     if args.checkpoint:
         check_label(args.checkpoint, "checkpoint")
     ray = _ray_options(args)
-    placement = {"device_map": _device_map(args.device_map), "offload_folder": args.offload_folder}
-    if args.offload_folder is not None and args.device_map is None:
-        raise InputError("--offload-folder needs --device-map (which modules go to 'disk')")
+    placement = placement_kwargs(args)
     hf_logging.disable_progress_bar()
     series = _is_series(args.model)
     if series and args.checkpoint:
@@ -142,7 +128,9 @@ def run_trace(args: argparse.Namespace) -> int:
             from moeviz.store.distributed import trace_corpus_ray, trace_series_ray
 
             if series:
-                trace_series_ray(args.model, args.corpus, args.out, options=ray, **placement, **common)
+                trace_series_ray(
+                    args.model, args.corpus, args.out, options=ray, **load_kwargs(args), **placement, **common
+                )
             else:
                 trace_corpus_ray(
                     args.model,
@@ -155,9 +143,7 @@ def run_trace(args: argparse.Namespace) -> int:
                     **common,
                 )
         elif series:
-            if args.device_map is not None:
-                raise InputError("--device-map with a checkpoint series needs --ray")
-            trace_series(args.model, args.corpus, args.out, **common)
+            trace_series(args.model, args.corpus, args.out, **load_kwargs(args), **placement, **common)
         else:
             progress = None if args.quiet else load_progress()
             loaded = load_model(args.model, **load_kwargs(args), **placement, progress=progress)

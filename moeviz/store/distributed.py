@@ -158,6 +158,7 @@ def trace_corpus_ray(
     options: RayOptions | None = None,
     device_map: str | int | dict[str, Any] | None = None,
     offload_folder: str | Path | None = None,
+    max_memory: dict[int | str, int | str] | None = None,
     trust_remote_code: bool = False,
     dtype: str = "auto",
     device: str = "auto",
@@ -165,7 +166,7 @@ def trace_corpus_ray(
     """`trace_corpus` with the model loaded and run on `options.workers` Ray actors (see the module doc).
 
     `source` is what `moeviz.load_model` takes (a folder every worker can read, or `sample:NAME`);
-    `device_map` / `offload_folder` / `dtype` / `device` go to it (GPU workers default to
+    `device_map` / `offload_folder` / `max_memory` / `dtype` / `device` go to it (GPU workers default to
     `device_map="auto"`). Returns the run, row for row the one `trace_corpus` writes on the same device
     type."""
     from moeviz.models.loading import SAMPLE_PREFIX, read_source
@@ -187,7 +188,7 @@ def trace_corpus_ray(
     load_kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "dtype": dtype, "device": device}
     if device_map is not None:
         offload = None if offload_folder is None else str(Path(offload_folder).resolve())
-        load_kwargs.update(device_map=device_map, offload_folder=offload)
+        load_kwargs.update(device_map=device_map, offload_folder=offload, max_memory=max_memory)
     # workers may run in another working directory: they get an absolute path, run.json the source as given
     # (as the single-process path records it, so either path can --resume the other's run)
     text = str(source)
@@ -293,10 +294,11 @@ def trace_series_ray(
     resume: bool = False,
     progress: bool = True,
     options: RayOptions | None = None,
-    device_map: str | int | dict[str, Any] | None = None,
-    offload_folder: str | Path | None = None,
+    **load_options: Any,
 ) -> tuple[str, list[str]]:
     """`trace_series` on Ray: each checkpoint in turn on all workers (one Ray session for the series).
+    `load_options` (device_map, offload_folder, max_memory, dtype, device, trust_remote_code) go to
+    `trace_corpus_ray`.
 
     Returns (model label, checkpoint labels in order)."""
     from moeviz.store.checkpoints import resolve_series
@@ -317,7 +319,6 @@ def trace_series_ray(
                 resume=resume,
                 progress=progress,
                 options=options,
-                device_map=device_map,
-                offload_folder=offload_folder,
+                **load_options,
             )
     return name, [label for label, _ in checkpoints]
