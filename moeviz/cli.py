@@ -325,7 +325,6 @@ def run_app(streamlit_args: Sequence[str]) -> int:
     extra = list(streamlit_args)
     if extra and extra[0] == "--":
         extra = extra[1:]
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     script = bundled_path("app") / "streamlit_app.py"
     argv = [sys.executable, "-m", "streamlit", "run", str(script), *APP_FLAGS, *extra]
     os.execv(sys.executable, argv)

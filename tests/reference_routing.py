@@ -455,3 +455,25 @@ def reference_routing(
         exp_np, w_np = canonical_order(experts.cpu().numpy(), weights.float().cpu().numpy())
         out[key] = RefRouting(logits=logits.cpu().numpy().astype(np.float32), experts=exp_np, weights=w_np)
     return out
+
+
+def capture_with_router_inputs(
+    loaded: Any, token_ids: list[list[int]]
+) -> tuple[Any, dict[int, torch.Tensor]]:
+    """`moeviz.capture(loaded, token_ids=...)`, plus what each router of `loaded.sites` received (by site
+    index), to recompute the routing independently from the router's own input."""
+    import moeviz
+
+    inputs: dict[int, torch.Tensor] = {}
+    handles = [
+        site.router.register_forward_pre_hook(
+            lambda m, args, i=i: inputs.__setitem__(i, args[0].detach().clone())
+        )
+        for i, site in enumerate(loaded.sites)
+    ]
+    try:
+        trace = moeviz.capture(loaded, token_ids=token_ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return trace, inputs

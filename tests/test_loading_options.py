@@ -14,6 +14,7 @@ import moeviz
 from moeviz.errors import InsufficientMemoryError, LoadOptionError
 from moeviz.models import placement
 from moeviz.testing.tiny_models import build_tiny_model
+from tests.reference_routing import capture_with_router_inputs
 
 SEQS = [list(range(3, 15)), [40, 41, 42, 43, 44, 45]]
 
@@ -49,16 +50,7 @@ def test_auto_dtype_keeps_bf16_and_capture_is_what_the_bf16_model_computed(bf16_
 
     # Independent recomputation from what each router received: the bf16 projection the model does, then
     # Mixtral's rule (fp32 softmax, top-k, renormalise) written out here.
-    inputs: dict[int, torch.Tensor] = {}
-    handles = [
-        site.router.register_forward_pre_hook(lambda m, args, i=i: inputs.__setitem__(i, args[0].detach()))
-        for i, site in enumerate(loaded.sites)
-    ]
-    try:
-        trace = moeviz.capture(loaded, token_ids=SEQS)
-    finally:
-        for handle in handles:
-            handle.remove()
+    trace, inputs = capture_with_router_inputs(loaded, SEQS)
     width = max(map(len, SEQS))
     for i, (site, layer) in enumerate(zip(loaded.sites, trace.layers, strict=True)):
         hidden = inputs[i].reshape(-1, inputs[i].shape[-1])

@@ -24,7 +24,7 @@ from moeviz.testing.quantized import (
     save_fp8_copy,
     save_mxfp4_copy,
 )
-from tests.reference_routing import canonical_order, reference_routing
+from tests.reference_routing import canonical_order, capture_with_router_inputs, reference_routing
 
 SEQS = [list(range(3, 15)), [40, 41, 42, 43, 44, 45]]
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU dequantisation path")
@@ -102,16 +102,7 @@ def test_mxfp4_gpt_oss_loads_dequantised_and_captures_exactly(tiny_model_dir, tm
 
     # gpt-oss routes in the model's dtype: recompute its rule (bf16 projection + bias, top-k on the logits,
     # softmax over the k) from what each router received
-    inputs: dict[int, torch.Tensor] = {}
-    handles = [
-        site.router.register_forward_pre_hook(lambda m, args, i=i: inputs.__setitem__(i, args[0].clone()))
-        for i, site in enumerate(loaded.sites)
-    ]
-    try:
-        trace = moeviz.capture(loaded, token_ids=SEQS)
-    finally:
-        for handle in handles:
-            handle.remove()
+    trace, inputs = capture_with_router_inputs(loaded, SEQS)
     _, width = _batch(SEQS)
     for i, (site, layer) in enumerate(zip(loaded.sites, trace.layers, strict=True)):
         with torch.no_grad():

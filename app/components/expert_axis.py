@@ -14,9 +14,10 @@ import pandas as pd
 import streamlit as st
 
 import moeviz
+from components import exports
 from components.widgets import kept, number
 from moeviz.analysis import expert_options, expert_order
-from moeviz.charts import MAX_CATEGORICAL
+from moeviz.charts import MAX_CATEGORICAL, layer_expert_heatmap
 
 TOP_N = 32  # experts the filtered views show by default
 SORTS = {"id": "id", "load": "load (busiest first)", "coactivation": "co-activation (PC1)"}
@@ -111,6 +112,22 @@ def pick_expert(
             help="Type an id to find it: id · slots dispatched · load against the fair share.",
         )
     )
+
+
+def show_heatmap(
+    frame: pd.DataFrame, value: str, axis: ExpertAxis | None, key: str, title: str | None = None
+) -> None:
+    """Show `layer_expert_heatmap` of `frame`'s `value` in `axis`'s order with its chosen expert highlighted
+    (None: by id, nothing highlighted), on a canvas when large; `key` names the chart and its downloads."""
+    heatmap = layer_expert_heatmap(
+        frame,
+        value,
+        order=axis.order if axis else None,
+        highlight=axis.expert if axis else None,
+        order_name=axis.order_name if axis else "id",
+        title=title,
+    )
+    exports.show_chart(exports.many_marks(heatmap, len(frame)), key)
 
 
 def sort_axis(chart: alt.TopLevelMixin, ids: Sequence[int], *channels: str) -> alt.TopLevelMixin:

@@ -4,7 +4,7 @@ import streamlit as st
 from components import access, caches, expert_axis, exports, pickers, prompt
 
 from moeviz.analysis import expert_balance_frame, expert_drift_frame, match_tokens, routing_agreement_frame
-from moeviz.charts import agreement_chart, layer_expert_heatmap, load_heatmap, load_shift_heatmap
+from moeviz.charts import agreement_chart, load_heatmap, load_shift_heatmap
 
 st.title("Compare")
 source = pickers.model_picker()
@@ -29,15 +29,7 @@ if SCALE:  # hundreds of experts: one above the other, sorted, overview + brushe
     axis = expert_axis.expert_axis(load_a if expert_axis.trace_at_scale(trace_a) else load_b)
     for key, load, name in (("load_a", load_a, f"A: {source_a}"), ("load_b", load_b, f"B: {source_b}")):
         same = int(load["expert"].max()) + 1 == len(axis.order)  # the axis order fits this model's experts
-        heatmap = layer_expert_heatmap(
-            load,
-            "utilisation",
-            order=axis.order if same else None,
-            highlight=axis.expert if same else None,
-            order_name=axis.order_name if same else "id",
-            title=name,
-        )
-        exports.show_chart(exports.many_marks(heatmap, len(load)), key)
+        expert_axis.show_heatmap(load, "utilisation", axis if same else None, key, title=name)
 else:
     left, right = st.columns(2)
     with left:
@@ -74,15 +66,7 @@ st.caption(
 exports.table_downloads(agreement, "agreement")
 
 if SCALE:
-    shift = layer_expert_heatmap(
-        drift,
-        "load_change",
-        order=axis.order,
-        highlight=axis.expert,
-        order_name=axis.order_name,
-        title="Load change B − A (tokens)",
-    )
-    exports.show_chart(exports.many_marks(shift, len(drift)), "load_shift")
+    expert_axis.show_heatmap(drift, "load_change", axis, "load_shift", title="Load change B − A (tokens)")
 else:
     exports.show_chart(load_shift_heatmap(drift), "load_shift")
 st.caption(

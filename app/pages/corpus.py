@@ -4,7 +4,7 @@ import streamlit as st
 from components import expert_axis, exports
 from components.corpus_store import run_options, store_picker
 
-from moeviz.charts import balance_chart, layer_expert_heatmap, load_heatmap
+from moeviz.charts import balance_chart, load_heatmap
 from moeviz.charts.checkpoints import domain_specialisation_heatmap
 from moeviz.store import StoreQuery
 
@@ -38,10 +38,7 @@ st.subheader("Load per layer and expert")
 load = query.expert_balance()
 if len(load) and expert_axis.at_scale(int(load["expert"].max()) + 1):  # sorted, overview + brushed detail
     axis = expert_axis.expert_axis(load)
-    heatmap = layer_expert_heatmap(
-        load, "utilisation", order=axis.order, highlight=axis.expert, order_name=axis.order_name
-    )
-    exports.show_chart(exports.many_marks(heatmap, len(load)), "corpus_load")
+    expert_axis.show_heatmap(load, "utilisation", axis, "corpus_load")
 else:
     exports.show_chart(load_heatmap(load), "corpus_load")
 st.caption("Tokens each expert received over its fair share (white = fair, red = over, blue = under).")

@@ -11,7 +11,7 @@ from moeviz.analysis import (
     expert_balance_frame,
 )
 from moeviz.analysis.collapse import NOT_ENOUGH_TOKENS, STATUS_JUDGED, STATUS_TOO_FEW
-from moeviz.charts import balance_chart, dead_hot_experts, layer_expert_heatmap, load_heatmap
+from moeviz.charts import balance_chart, dead_hot_experts, load_heatmap
 
 INDICATORS = {
     "load_entropy": "H(f) / log E, f_e = c_e / (kT) the share of all kT slots: 1 = even, 0 = one expert "
@@ -41,15 +41,7 @@ st.caption(f"{trace.model.architecture} · {len(trace.tokens)} tokens · {len(tr
 experts = expert_balance_frame(trace)
 if expert_axis.trace_at_scale(trace):  # hundreds of experts: sorted, overview + brushed detail
     axis = expert_axis.expert_axis(experts, lambda: scale_frames.coactivation_counts_all(trace))
-    heatmap = layer_expert_heatmap(
-        experts,
-        "utilisation",
-        order=axis.order,
-        highlight=axis.expert,
-        order_name=axis.order_name,
-        title="Load per layer and expert",
-    )
-    exports.show_chart(exports.many_marks(heatmap, len(experts)), "load_heatmap")
+    expert_axis.show_heatmap(experts, "utilisation", axis, "load_heatmap", title="Load per layer and expert")
 else:
     exports.show_chart(load_heatmap(experts), "load_heatmap")
 st.caption(

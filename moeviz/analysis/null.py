@@ -27,6 +27,7 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
+from moeviz.analysis.load import expert_counts
 from moeviz.trace import LayerRouting, Trace
 
 NULL_DRAWS = 4000  # Monte-Carlo draws of the entropy null
@@ -318,7 +319,7 @@ def load_confidence(
     experts = routing.experts
     t, k, e = len(experts), routing.k, routing.num_experts
     slots = t * k
-    observed = np.bincount(experts[experts >= 0], minlength=e)
+    observed = expert_counts(routing)
     boot = bootstrap_counts(experts, e, draws, seed)
     q = [(1 - level) / 2, 1 - (1 - level) / 2]
     share = observed / slots if slots else np.full(e, np.nan)

@@ -71,12 +71,12 @@ def capture(
     """
     batch = token_batch(loaded, texts, token_ids)
     _check_lengths(loaded, batch, generate)
-    what = f"capturing {loaded.info.source}" + (f" with generate={generate}" if generate > 0 else "")
-    width = max(len(seq) for seq in batch) + max(generate, 0)
-    dtype = getattr(loaded.model, "dtype", torch.float32)
-    refuse_if_input_too_large(loaded.model.config, dtype, loaded.device, len(batch), width, what)
     if generate < 0:
         raise InputError(f"generate must be >= 0, got {generate}")
+    what = f"capturing {loaded.info.source}" + (f" with generate={generate}" if generate > 0 else "")
+    width = max(len(seq) for seq in batch) + generate
+    dtype = getattr(loaded.model, "dtype", torch.float32)
+    refuse_if_input_too_large(loaded.model.config, dtype, loaded.device, len(batch), width, what)
     model = loaded.model
     if attention and (generate or loaded.is_encoder_decoder):
         raise InputError("attention capture covers one forward of a decoder-only model: use generate=0")
