@@ -9,6 +9,9 @@ Measured, each from the user's action to the frame in which the browser has draw
    the frame in which the capture's progress bar went away: the model's forward is the model's cost, not
    the app's). Target: after the capture < 3 s. A fresh prompt each repetition.
 2. switch MoE layer with the slider → heatmap of the new layer rendered (target < 0.5 s).
+3. click a heatmap cell → that token's drill-down (its scores at every layer × every expert, its path and
+   margins) drawn. At scale the drill-down is drawn on request (a click or its toggle), not after every
+   capture: this is what that request costs.
 """
 
 from __future__ import annotations
@@ -81,6 +84,24 @@ def timed_switch(page: Page, key: str) -> float:
     return (end - start) / 1000
 
 
+DRILLDOWN_TOGGLE = "Show this token at every layer"
+DRILLDOWN_DRAWN = (
+    "document.querySelector('.st-key-token_scores canvas, .st-key-token_scores svg.marks') !== null"
+)
+
+
+def timed_click(page: Page, fraction: float) -> float:
+    """Click the heatmap at `fraction` of its width (the middle row) → the token's drill-down drawn."""
+    page.wait_for_timeout(SETTLE_MS)
+    canvas = page.locator(".st-key-heatmap canvas").first
+    canvas.scroll_into_view_if_needed()
+    box = canvas.bounding_box()
+    start = page.evaluate("() => performance.now()")
+    page.mouse.click(box["x"] + box["width"] * fraction, box["y"] + box["height"] * 0.5)
+    end = page.evaluate(WAIT_JS, [DRILLDOWN_DRAWN, TIMEOUT_MS])
+    return (end - start) / 1000
+
+
 def report(name: str, values: list[float], target: float | None) -> None:
     verdict = "" if target is None else ("  PASS" if max(values) < target else "  MISS") + f" (< {target} s)"
     each = ", ".join(f"{v:.2f}" for v in values)
@@ -119,6 +140,13 @@ def main() -> None:
                     timed_switch(page, key) for key in ("ArrowRight", "ArrowRight", "ArrowRight", "Home")
                 ]
                 report(f"switch MoE layer → heatmap ({TOKENS:,} tokens)", switches, 0.5)
+                clicks = []
+                for fraction in (0.3, 0.5, 0.7):
+                    if page.get_by_role("switch", name=DRILLDOWN_TOGGLE).is_checked():  # close it first
+                        page.get_by_text(DRILLDOWN_TOGGLE).click()
+                        page.evaluate(WAIT_JS, [f"!({DRILLDOWN_DRAWN})", TIMEOUT_MS])
+                    clicks.append(timed_click(page, fraction))
+                report("click a heatmap cell → token drill-down drawn", clicks, None)
             finally:
                 browser.close()
 

@@ -8,6 +8,7 @@ One argparse tree: `capture`, `report` (one model, or with --checkpoints a train
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import os
 import sys
@@ -27,12 +28,19 @@ from moeviz.errors import InputError, MoevizError
 
 EXIT_BAD_INPUT = 2
 EXIT_VERDICT = 3  # `report --fail-on`: the routing verdict reached the given level
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as `trace` exits
+# a full disk, a quota, an unwritable or read-only output: exit 2 with one line, not a traceback
+ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR}
+TEXT_FILE_LIMIT = 16 * 2**20  # --text-file: bytes (a prompt; also stops endless inputs such as /dev/zero)
 REPORT_CHUNK_TOKENS = 512  # report --corpus and report --checkpoints: tokens per sequence
 REPORT_MAX_CHUNKS = 64  # report --corpus: sequences per domain
 # Streamlit runs a full gc.collect(2) after every script run; with torch and transformers loaded that adds
 # 0.2-0.4 s to every click (Python's generational collector still runs on its own). Uploads are prompt
 # files: 1 MB is far beyond any context (the app checks the size again).
-APP_FLAGS = ("--runner.postScriptGC", "false", "--server.maxUploadSize", "1")
+# server.maxUploadSize is in MB: the server takes 2**20 bytes per unit, the browser 10**6 (2**20 on Windows)
+# and refuses a larger file itself, without a word. 2 lets through any file the prompt form may refuse with
+# its own message (over 1 MiB, `PROMPT_FILE_LIMIT` in app/components/prompt.py).
+APP_FLAGS = ("--runner.postScriptGC", "false", "--server.maxUploadSize", "2")
 
 
 def _add_inputs(command: argparse.ArgumentParser, corpus: bool = False) -> None:
@@ -164,8 +172,49 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_report(args)
         return run_app(args.streamlit_args)
     except MoevizError as exc:
-        print(f"moeviz: error: {exc}", file=sys.stderr)
+        print(f"moeviz: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # `trace` handles its own (its completed batches are kept)
+        written = "; nothing was written" if args.command == "capture" else ""
+        print(f"moeviz: interrupted{written}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as exc:
+        if exc.errno not in ENVIRONMENT_ERRNOS:
+            raise
+        print(f"moeviz: error: {_environment_message(args, exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _environment_message(args: argparse.Namespace, exc: OSError) -> str:
+    """One line for a full disk or an unwritable output (a traceback would only say where it was noticed)."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    out = getattr(args, "out", None) or getattr(args, "store", None)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if args.command == "trace":
+            return f"no space left on device; continue with --resume once there is room{where}"
+        return f"no space left on device{f' writing {out}' if out else ''}{where}; nothing was written"
+    reason = (exc.strerror or os.strerror(exc.errno)).lower()
+    return f"cannot write {out}: {reason}{where}" if out else f"{reason}{where}"
+
+
+# transformers' trailing advice points at a report the one-line refusal does not show; say what it means
+_MISMATCH = "You set `ignore_mismatched_sizes` to `False`, thus raising an error. "
+_TRANSFORMERS_ADVICE = {
+    f"{_MISMATCH}For details look at the above report!": "some weights have other shapes than config.json "
+    "declares (the MISMATCH rows of the load report above)",
+    "We encountered some issues during automatic conversion of the weights. For details look at the "
+    "`CONVERSION` entries of the above report!": "transformers could not convert some weights (the "
+    "CONVERSION rows of the load report above)",
+    "You may consider adding `ignore_mismatched_sizes=True` to `from_pretrained(...)` if appropriate.": "",
+    "For details look at the above report!": "",
+}
+
+
+def one_line(message: str) -> str:
+    """A refusal on one line: transformers' advice replaced by what it means, line breaks folded."""
+    for advice, meaning in _TRANSFORMERS_ADVICE.items():
+        message = message.replace(advice, meaning)
+    return " ".join(message.split()).rstrip(" :;")
 
 
 def run_capture(args: argparse.Namespace) -> int:
@@ -191,13 +240,34 @@ def run_capture(args: argparse.Namespace) -> int:
         loaded = moeviz.load_model(args.model, **load_kwargs(args), **placement, progress=loading)
         bar.update()
         bar.set_postfix_str("running forward" if not args.generate else f"generating {args.generate} tokens")
-        trace = moeviz.capture(loaded, generate=args.generate, **inputs)
+        trace = _capture(loaded, generate=args.generate, **inputs)
         bar.update()
         bar.set_postfix_str("writing parquet")
         trace.to_parquet(out)
         bar.update()
     print(format_summary(trace, balance_frame(trace), out))
+    _warn_routing(trace)
     return 0
+
+
+def _capture(*args, **kwargs):
+    """`moeviz.capture`, its `RoutingWarning` held back: `_warn_routing` says it once, as a line."""
+    import warnings
+
+    from moeviz.capture.routing import RoutingWarning, capture
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RoutingWarning)
+        return capture(*args, **kwargs)
+
+
+def _warn_routing(trace) -> None:
+    """A `moeviz: warning:` line on stderr naming the layers whose router scores are not finite."""
+    from moeviz.capture.routing import routing_warning
+
+    message = routing_warning(trace.layers)
+    if message is not None:
+        print(f"moeviz: warning: {message}", file=sys.stderr)
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -222,7 +292,7 @@ def run_report(args: argparse.Namespace) -> int:
     loaded = moeviz.load_model(args.model, **load_kwargs(args), **placement, progress=load_progress())
     seq_domains = None
     if corpus is None:
-        trace = moeviz.capture(loaded, **inputs)
+        trace = _capture(loaded, **inputs)
     else:
         batches, seq_domains = _corpus_batches(loaded, corpus, args)
         traces = []
@@ -230,7 +300,7 @@ def run_report(args: argparse.Namespace) -> int:
             total=sum(len(b) for b in batches), desc="routing corpus", unit="seq", file=sys.stderr
         ) as bar:
             for batch in batches:
-                traces.append(moeviz.capture(loaded, token_ids=batch))
+                traces.append(_capture(loaded, token_ids=batch))
                 bar.update(len(batch))
         trace = moeviz.Trace.concat(traces)
     try:
@@ -238,6 +308,7 @@ def run_report(args: argparse.Namespace) -> int:
     except ValueError as exc:  # e.g. experts that do not split evenly over --devices
         raise InputError(str(exc)) from exc
     print(RENDERERS[args.format](report))
+    _warn_routing(trace)
     return EXIT_VERDICT if args.fail_on and report.collapse.fails(args.fail_on) else 0
 
 
@@ -269,10 +340,9 @@ def _capture_inputs(args: argparse.Namespace) -> dict:
         return {"texts": args.text}
     if args.text_file is not None:
         path: Path = args.text_file
-        if not path.is_file():
-            raise InputError(f"--text-file {path} does not exist")
+        data = _read_text_file(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise InputError(f"--text-file {path} is not UTF-8 text: {exc}") from exc
         if not text.strip():
@@ -287,7 +357,39 @@ def _capture_inputs(args: argparse.Namespace) -> dict:
     return {"token_ids": [ids]}
 
 
+def _read_text_file(path: Path) -> bytes:
+    """The bytes of --text-file, at most TEXT_FILE_LIMIT; InputError naming what is wrong with the path."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise InputError(f"--text-file {path} does not exist") from None
+    except OSError as exc:
+        raise InputError(f"--text-file {path} cannot be read: {exc.strerror}") from None
+    limit = f"the {TEXT_FILE_LIMIT // 2**20} MiB limit of --text-file (a prompt, not a corpus: see --corpus)"
+    if stat.S_ISDIR(mode):
+        raise InputError(
+            f"--text-file {path} is a folder; give a text file (a folder of texts is a --corpus)"
+        )
+    if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):  # a FIFO would block, a socket cannot be read
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a block device"
+        raise InputError(f"--text-file {path} is not a regular file ({kind}); give a text file")
+    if stat.S_ISREG(mode) and path.stat().st_size > TEXT_FILE_LIMIT:
+        raise InputError(f"--text-file {path} is {path.stat().st_size / 2**20:,.1f} MiB, over {limit}")
+    try:
+        with open(path, "rb") as handle:  # a character device (/dev/stdin on a tty, /dev/zero) may not end
+            data = handle.read(TEXT_FILE_LIMIT + 1)
+    except OSError as exc:
+        raise InputError(f"--text-file {path} cannot be read: {exc.strerror}") from None
+    if len(data) > TEXT_FILE_LIMIT:
+        raise InputError(f"--text-file {path} did not end within {limit}")
+    return data
+
+
 def _checked_output(out: Path) -> Path:
+    if out.is_dir():  # checked before the model loads: a forward would be wasted on an unwritable name
+        raise InputError(f"--out {out} is a folder; give the name of a .parquet file to write")
     if out.suffix != ".parquet":
         raise InputError(f"--out must name a .parquet file, got {out}")
     parent = out.expanduser().resolve().parent

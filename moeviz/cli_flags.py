@@ -1,5 +1,6 @@
 """Flags shared by the `moeviz` subcommands, each defined once (same name, default and help everywhere).
-Used by `moeviz.cli` (capture, report) and `moeviz.store.cli` (trace); imports nothing from moeviz."""
+Used by `moeviz.cli` (capture, report) and `moeviz.store.cli` (trace); imports from moeviz only inside
+functions (errors, the device check)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,8 @@ def placement_kwargs(args: argparse.Namespace) -> dict[str, Any]:
                 raise InputError("--device-map JSON must be an object {module: device}")
         else:
             kwargs["device_map"] = int(text) if text.isdigit() else text
+        if getattr(args, "ray", None) is None:  # Ray workers place the model on their own machines
+            _check_map_devices(kwargs["device_map"], text)
     elif args.offload_folder is not None or args.max_memory is not None:
         raise InputError("--offload-folder and --max-memory need --device-map (e.g. --device-map auto)")
     if args.offload_folder is not None:
@@ -93,6 +96,28 @@ def placement_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             budget[int(device) if device.isdigit() else device] = size.strip()
         kwargs["max_memory"] = budget
     return kwargs
+
+
+# --device-map values that are strategies or places, not devices that must exist here
+MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential", "cpu", "disk", "meta")
+
+
+def _check_map_devices(device_map: Any, text: str) -> None:
+    """Refuse (InputError, before anything loads) a --device-map naming a device this machine or torch build
+    lacks, e.g. cuda:7 on a CPU-only build; transformers would fail deep in the load with a traceback."""
+    from moeviz.errors import InputError, LoadOptionError
+    from moeviz.models.placement import pick_device
+
+    values = device_map.values() if isinstance(device_map, dict) else [device_map]
+    for value in values:
+        if isinstance(value, str) and value.strip().lower() in MAP_STRATEGIES:
+            continue
+        device = f"cuda:{value}" if isinstance(value, int) and not isinstance(value, bool) else value
+        try:
+            pick_device(device if isinstance(device, str) else str(device))
+        except LoadOptionError as exc:
+            reason = str(exc).replace("use device='cpu'", "use cpu")
+            raise InputError(f"--device-map {text}: {reason}") from None
 
 
 def load_progress(description: str = "loading model") -> Callable[[int, int], None]:

@@ -55,7 +55,12 @@ def check_corpus(path: str | Path) -> Path:
             raise InputError(f"corpus folder {path} holds no .txt file")
     elif path.is_file():
         if path.suffix not in JSONL_SUFFIXES:
-            raise InputError(f"corpus {path}: give a folder of .txt files or a .jsonl file")
+            raise InputError(
+                f"corpus {path} is a file, not a JSONL file: give a folder of .txt files or a .jsonl file "
+                "(or .ndjson, .json; one object per line)"
+            )
+    elif path.exists():
+        raise InputError(f"corpus {path} is not a regular file or folder (a FIFO or a device?)")
     else:
         raise InputError(f"corpus {path} does not exist")
     return path

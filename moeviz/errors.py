@@ -33,6 +33,15 @@ class UnsafeWeightsError(ModelSourceError):
     pass
 
 
+class CorruptTokenizerError(ModelSourceError):
+    """The folder's tokenizer files exist but do not load (malformed tokenizer.json, ...)."""
+
+
+class InvalidConfigError(NotAModelFolderError):
+    """config.json declares sizes no model can have (a zero or negative size, top-k outside 1 … E), or more
+    layers or experts than the weights hold."""
+
+
 class InsufficientMemoryError(ModelSourceError):
     """The model (at the chosen dtype, plus activations) needs more memory than the device has free."""
 

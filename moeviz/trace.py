@@ -7,7 +7,11 @@ never the model.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
+import os
+import re
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +42,35 @@ ROUTING_COLUMNS = [
     "phase",
     "step",
 ]
+
+
+_PARTIAL = re.compile(r"^\.(?P<name>.+?)(?:\.(?P<pid>\d+)(?:-[0-9a-f]+)?)?\.partial$")
+
+
+def remove_stale_partials(path: str | Path) -> list[Path]:
+    """Remove the hidden `.NAME.PID-TOKEN.partial` files next to `path` that a dead writer left (killed during
+    `Trace.to_parquet`), and unnumbered ones of older versions; a live writer's are kept. Returns them."""
+    path = Path(path)
+    removed = []
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}*.partial"):
+        match = _PARTIAL.match(tmp.name)
+        if match is None or match["name"] != path.name:
+            continue
+        if match["pid"] is not None and _pid_alive(int(match["pid"])):
+            continue
+        tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return pid > 0  # another user's process (or nonsense)
+    return True
 
 
 @dataclass
@@ -233,9 +266,13 @@ class Trace:
             "layers": [_layer_meta(r) for r in self.layers],
         }
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), b"moeviz": json.dumps(meta)})
-        tmp = path.with_name(f".{path.name}.partial")
+        remove_stale_partials(path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial")
         try:
-            pq.write_table(table, tmp, compression="zstd")
+            with open(tmp, "wb") as handle:
+                pq.write_table(table, handle, compression="zstd")
+                handle.flush()
+                os.fsync(handle.fileno())  # the bytes are on disk before the name says the file is complete
             tmp.replace(path)
         finally:
             tmp.unlink(missing_ok=True)

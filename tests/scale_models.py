@@ -47,3 +47,25 @@ def with_tokenizer(folder: Path) -> Path:
 def save_scale_model(name: str, folder: Path, **overrides) -> Path:
     """The `name` model of SHAPES (random weights, seeded) saved in `folder` with the sample's tokenizer."""
     return with_tokenizer(save_tiny_model("deepseek_v3", folder, **{**SHAPES[name], **overrides}))
+
+
+def save_scale_series(name: str, folder: Path, steps: tuple[int, ...] = (0, 100, 1000)) -> Path:
+    """A checkpoint series of the `name` model in `folder`: one `step-<n>` folder per step, every weight
+    moved along a straight line from a random start (seed 1) to the final model (seed 0), so routing
+    settles towards the last checkpoint's; each checkpoint carries the sample's tokenizer."""
+    import torch
+
+    from moeviz.testing.tiny_models import build_tiny_model
+
+    final = build_tiny_model("deepseek_v3", 0, **SHAPES[name])
+    start = build_tiny_model("deepseek_v3", 1, **SHAPES[name]).state_dict()
+    end = {key: value.clone() for key, value in final.state_dict().items()}
+    for i, step in enumerate(steps):
+        t = i / (len(steps) - 1)
+        with torch.no_grad():
+            for key, value in final.state_dict().items():
+                if value.is_floating_point():
+                    value.copy_((1 - t) * start[key] + t * end[key])
+        final.save_pretrained(Path(folder) / f"step-{step:05d}")
+        with_tokenizer(Path(folder) / f"step-{step:05d}")
+    return Path(folder)

@@ -2,7 +2,9 @@
 (256 experts × 61 blocks) and Kimi-K2-shaped (384 experts) models shows no error, draws every Vega chart,
 and hides no label of an expert, layer or value axis (Vega's overlap removal gives a dropped label opacity
 0: none may have it in any chart drawn as SVG; token axes "pos:token" of windows up to 200 tokens thin their
-labels by design); a screenshot of each page goes to docs/screenshots/scale-<model>-<page>.png."""
+labels by design); a screenshot of each page goes to docs/screenshots/scale-<model>-<page>.png. The Corpus
+page traces the evaluation corpus with the model; the Checkpoints page opens a series of three Kimi-K2-shaped
+checkpoints typed as a local folder (the 61-block shape would take too long to trace three times)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from tests.app_server import CHROMIUM, CHROMIUM_ARGS, AppDidNotStart, running_app
-from tests.scale_models import SHAPES, with_tokenizer
+from tests.scale_models import SHAPES, save_scale_series, with_tokenizer
 from tests.test_app_browser import (
     RENDER_TIMEOUT_S,
     START_TIMEOUT_S,
@@ -31,7 +33,9 @@ PAGES = {  # navigation title -> (screenshot name, key of the container of the c
     "Compare": ("compare", "load_a"),
     "About the model": ("about", "bias"),
     "Why this expert?": ("why", None),
+    "Corpus": ("corpus", "corpus_specialisation"),  # its load heatmap is the Load page's
 }
+SLOW_S = {"Corpus": 300}  # the Corpus page first traces 2 × 256 tokens of each domain (61 blocks: ~40 s)
 # Per chart on the page: drawn (a canvas or SVG marks of non-zero size), SVG or not, and for SVG charts the
 # axis labels shown and those Vega's overlap removal hid (opacity 0).
 _CHARTS_JS = """() => [...document.querySelectorAll('.vega-embed')].map(embed => {
@@ -92,7 +96,7 @@ def test_every_page_at_scale(scale_app, browser: Browser) -> None:
             wait_for_heading(page, title.split(" ")[0].rstrip("?"))
             if key is not None:
                 page.locator(f".st-key-{key} canvas, .st-key-{key} svg.marks").first.wait_for(
-                    timeout=RENDER_TIMEOUT_S * 1000
+                    timeout=SLOW_S.get(title, RENDER_TIMEOUT_S) * 1000
                 )
             wait_until_idle(page)
             assert_no_error(page)
@@ -106,5 +110,40 @@ def test_every_page_at_scale(scale_app, browser: Browser) -> None:
                 page.evaluate("window.scrollTo(0, 0)")
             save_screenshot(page, f"scale-{name}-{shot}")
         assert not dropped, f"axis labels dropped by overlap removal: {dropped}"
+    finally:
+        page.close()
+
+
+@pytest.fixture(scope="module")
+def scale_series(tmp_path_factory):
+    """Three checkpoints of the Kimi-K2 shape (384 experts, 8 blocks)."""
+    return save_scale_series("kimi-k2", tmp_path_factory.mktemp("series") / "kimi-k2-series")
+
+
+def test_checkpoints_at_scale(scale_app, scale_series, browser: Browser) -> None:
+    name, url = scale_app
+    if name != "kimi-k2":
+        pytest.skip("the series is Kimi-K2-shaped: tracing 61 blocks three times takes too long")
+    page = browser.new_page(viewport=VIEWPORT)
+    try:
+        page.goto(url, wait_until="domcontentloaded")
+        page.get_by_role("link", name="Checkpoints").click()
+        wait_for_heading(page, "Checkpoints")
+        page.get_by_role("combobox", name="Checkpoint series").click()
+        page.get_by_role("option", name="Local folder…").click()
+        folder = page.locator(".st-key-series_folder input")
+        folder.fill(str(scale_series))
+        folder.press("Enter")
+        folder.blur()
+        page.get_by_text("kimi-k2-series · 3 checkpoints").wait_for(timeout=300 * 1000)
+        page.locator(".st-key-specialisation_timeline svg.marks").wait_for(timeout=RENDER_TIMEOUT_S * 1000)
+        wait_until_idle(page)
+        assert_no_error(page)
+        charts = charts_drawn(page)
+        assert len(charts) == 4 and all(c["drawn"] for c in charts), [c["title"] for c in charts]
+        dropped = {c["title"]: c["hidden"] for c in charts if c["hidden"]}
+        assert not dropped, f"axis labels dropped by overlap removal: {dropped}"
+        page.evaluate("window.scrollTo(0, 0)")  # the series, then its saturation chart
+        save_screenshot(page, f"scale-{name}-checkpoints")
     finally:
         page.close()

@@ -1,7 +1,10 @@
 """Every page at scale (Streamlit AppTest): random DeepSeek-V3-shaped (256 experts, 8 groups, 61 blocks) and
 Kimi-K2-shaped (384 experts) models opened as local folders render without an exception or error, never
 list more than 20 experts in a categorical legend, keep every label of their expert axes, and the Routing
-page shows the expert-axis controls, the top-N filter and the group-aware margin."""
+page shows the expert-axis controls, the top-N filter and the group-aware margin. The Corpus page traces the
+evaluation corpus with the model and lists the top-N experts in its domain specialisation; the Checkpoints
+page runs on a series of three Kimi-K2-shaped checkpoints (the 61-block shape takes too long to trace
+three times)."""
 
 from __future__ import annotations
 
@@ -10,9 +13,9 @@ import json
 import pytest
 
 from tests.app_helpers import app_test_env, run_page
-from tests.scale_models import SHAPES, with_tokenizer
+from tests.scale_models import SHAPES, save_scale_series, with_tokenizer
 
-PAGES = ["routing", "load", "structure", "attention", "compare", "about", "why"]
+PAGES = ["routing", "load", "structure", "attention", "compare", "about", "why", "corpus"]
 EXPERT_FIELDS = {"expert", "co_expert", "next_expert", "expert_label", "top1", "bar"}
 
 
@@ -70,6 +73,11 @@ def test_page_renders_at_scale(opened: str, page: str) -> None:
     charts = at.get("vega_lite_chart")
     problems = [p for chart in charts for p in spec_problems(json.loads(chart.proto.spec))]
     assert not problems, problems
+    if page == "corpus":  # load, balance, specialisation of the top-N experts (and the chosen one)
+        assert len(charts) == 3
+        spec = json.loads(next(c for c in charts if "Domain specialisation" in c.proto.spec).proto.spec)
+        (encoded,) = {json.dumps(v["encoding"]["x"]["sort"]) for v in _views(spec)}
+        assert len(json.loads(encoded)) in (32, 33)
     if page != "routing":
         return
     experts = SHAPES[opened]["n_routed_experts"]
@@ -80,6 +88,11 @@ def test_page_renders_at_scale(opened: str, page: str) -> None:
     heatmap = next(c for c in charts if "Router scores" in c.proto.spec)
     (encoded,) = {json.dumps(v["encoding"]["y"]["sort"]) for v in _views(json.loads(heatmap.proto.spec))}
     assert len(json.loads(encoded)) in (32, 33)  # the top-32 by load, and the chosen expert
+    # the token's drill-down (layers × experts) is drawn on request: off until a click or the toggle
+    assert not any("Scores of" in c.proto.spec for c in charts)
+    at.toggle(key="scale_token_detail_widget").set_value(True).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("Scores of" in c.proto.spec for c in at.get("vega_lite_chart"))
     captions = " ".join(c.value for c in at.caption)
     if SHAPES[opened]["n_group"] > 1:
         assert "margin over the eligible experts of the chosen groups, on p + b" in captions
@@ -87,3 +100,38 @@ def test_page_renders_at_scale(opened: str, page: str) -> None:
     else:
         assert f"over all {experts} experts" in captions
         assert "continuous scale of expert ids" in captions
+
+
+def test_routing_load_curve_carries_bootstrap_bands_at_scale(opened: str) -> None:
+    if opened != "deepseek-v3":
+        pytest.skip("one shape is enough: the band does not depend on it")
+    at = run_page("pages/routing.py", timeout_s=600)
+    curve = next(c for c in at.get("vega_lite_chart") if "Expert load, layer" in c.proto.spec)
+    views = list(_views(json.loads(curve.proto.spec)))
+    (band,) = [v for v in views if (v["encoding"].get("y2") or {}).get("field") == "util_high"]
+    assert band["encoding"]["x"]["field"] == "rank" and band["encoding"]["y"]["field"] == "util_low"
+    assert "bootstrap band" in curve.proto.spec  # the subtitle names it
+    helps = {m.label: m.proto.help for m in at.metric}
+    for label in ("Load entropy", "Max share"):
+        assert ". 90% bootstrap band: " in helps[label], helps[label]
+    captions = " ".join(c.value for c in at.caption)
+    assert "Grey band: 90% bootstrap band (400 draws, tokens resampled" in captions
+
+
+@pytest.fixture(scope="module")
+def scale_series(tmp_path_factory):
+    """Three checkpoints of the Kimi-K2 shape (384 experts, 8 blocks)."""
+    return save_scale_series("kimi-k2", tmp_path_factory.mktemp("series") / "kimi-k2-series")
+
+
+def test_checkpoints_page_at_scale(scale_series, monkeypatch) -> None:
+    app_test_env(monkeypatch)
+    monkeypatch.setenv("MOEVIZ_MODEL_DIRS", str(scale_series.parent))
+    at = run_page(
+        "pages/checkpoints.py", timeout_s=600, series_choice="Local folder…", series_folder=str(scale_series)
+    )
+    charts = at.get("vega_lite_chart")
+    assert len(charts) == 4  # saturation, balance, drift, specialisation
+    problems = [p for chart in charts for p in spec_problems(json.loads(chart.proto.spec))]
+    assert not problems, problems
+    assert "kimi-k2-series · 3 checkpoints (step-00000 … step-01000)" in " ".join(c.value for c in at.caption)

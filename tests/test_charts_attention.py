@@ -120,3 +120,57 @@ def test_kv_whatif_heatmap_shows_mean_mass_lost(att_trace):
     # a window covering everything loses nothing
     none_lost = kv_whatif_heatmap(att_trace.attention.kv_cache_whatif(10_000, 0)).to_dict()
     assert (data_of(none_lost)["mean_lost"] < 1e-6).all()
+
+
+def _heads(metric: str, values: list[float]) -> pd.DataFrame:
+    """A head summary of one layer whose `metric` takes `values` (the other metrics 0.5)."""
+    n = len(values)
+    frame = pd.DataFrame({"layer": 0, "head": range(n), "kind": "global", "reason": ""})
+    for name in HEAD_METRICS:
+        frame[name] = values if name == metric else 0.5
+    return frame
+
+
+def _color_scale(chart) -> dict:
+    cells, _ = chart.to_dict()["layer"]
+    return cells["encoding"]["color"]["scale"]  # the no-map grey is the condition
+
+
+# the narrowest colour domain each metric may get (see `head_metric_heatmap`)
+MIN_SPAN = {
+    "mean_entropy": np.log(2),
+    "mean_mean_distance": 1.0,
+    "mean_sink_mass": 1.0,
+    "mean_local_mass": 1.0,
+}
+
+
+@pytest.mark.parametrize("num_tokens", [None, 40])
+@pytest.mark.parametrize("metric", list(HEAD_METRICS))
+def test_head_heatmap_colour_scale_does_not_span_floating_point_noise(metric, num_tokens):
+    noise = [0.99999999, 1.0, 1.00000003, 0.99999998]  # e.g. local mass of heads that only look back W keys
+    scale = _color_scale(head_metric_heatmap(_heads(metric, noise), metric, num_tokens=num_tokens))
+    lo, hi = scale["domain"]
+    assert hi - lo >= MIN_SPAN[metric] - 1e-12, scale
+    assert lo <= min(noise) + 1e-6 and (hi >= max(noise) - 1e-6 or scale.get("clamp"))
+    if metric in ("mean_sink_mass", "mean_local_mass"):
+        assert [lo, hi] == [0, 1]  # shares of a probability row
+    if num_tokens is not None and metric == "mean_entropy":
+        assert hi == pytest.approx(np.log(num_tokens))  # the most a head can spread over T keys
+    if num_tokens is not None and metric == "mean_mean_distance":
+        assert hi == num_tokens - 1
+
+
+@pytest.mark.parametrize("metric", list(HEAD_METRICS))
+def test_head_heatmap_colour_scale_spans_values_that_vary(metric):
+    values = {
+        "mean_entropy": [0.1, 1.7, 3.2, 2.5],
+        "mean_mean_distance": [0.0, 3.5, 17.0, 30.0],
+        "mean_sink_mass": [0.02, 0.4, 0.97, 0.6],
+        "mean_local_mass": [0.0, 0.25, 0.9, 1.0],
+    }[metric]
+    for num_tokens in (None, 32):
+        scale = _color_scale(head_metric_heatmap(_heads(metric, values), metric, num_tokens=num_tokens))
+        lo, hi = scale["domain"]
+        assert lo <= min(values) and hi >= max(values), scale
+        assert hi - lo <= max(max(values), np.log(32) if metric == "mean_entropy" else 31, 1.0) + 1e-9

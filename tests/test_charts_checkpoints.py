@@ -175,3 +175,18 @@ def test_domain_specialisation_heatmap_has_one_cell_per_row() -> None:
     for r in data:
         assert r["log2_lift"] == pytest.approx(np.log2(np.clip(r["lift"], 1 / 8, 8)))
     assert {r["log2_lift"] for r in data if r["lift"] == 0} == {-3.0}
+
+
+def test_timeline_of_many_layers_colours_them_on_a_sequential_scale() -> None:
+    """58 MoE layers (DeepSeek-V3): one line each, coloured by layer number, no categorical legend."""
+    frame = pd.DataFrame(
+        [
+            {"checkpoint": c, "order": i, "site": "mlp", "layer": layer}
+            for i, c in enumerate(CHECKPOINTS)
+            for layer in range(3, 61)
+        ]
+    )
+    frame["saturation_topk"] = frame["saturation_top1"] = rng.random(len(frame))
+    encoding = saturation_timeline_chart(frame).to_dict()["encoding"]
+    assert encoding["color"]["field"] == "layer" and encoding["color"]["type"] == "quantitative"
+    assert encoding["detail"]["field"] == "row"

@@ -6,6 +6,7 @@ over 20 entries, no axis that may drop labels, and a spec built in well under a 
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -16,6 +17,7 @@ import pytest
 
 from moeviz.analysis import confidence_frame, expert_balance_frame
 from moeviz.analysis.expert_order import expert_order, top_experts
+from moeviz.analysis.null import bootstrap_counts, load_confidence
 from moeviz.analysis.scale_frames import mean_score_frame, token_confidence_frame, token_scores_frame
 from moeviz.analysis.structure import coactivation_counts
 from moeviz.charts import stack_scores
@@ -75,8 +77,7 @@ def check_spec(chart, *, data_rows: int | None = None) -> dict:
     assert 0 < rows < MAX_ROWS
     if data_rows is not None:
         assert rows == data_rows
-    (values,) = spec["datasets"].values()
-    data = pd.DataFrame(values)
+    data = pd.DataFrame(max(spec["datasets"].values(), key=len))  # the cells (small extra layers aside)
     for enc in encodings(spec):
         colour = enc.get("color")
         for channel in [colour, *(colour or {}).get("condition", [])] if isinstance(colour, dict) else []:
@@ -113,7 +114,8 @@ def test_layer_expert_heatmap_overview_and_detail(big):
     e = trace.layers[0].num_experts
     chart, seconds = timed(lambda: layer_expert_heatmap(balance, "utilisation", highlight=7))
     assert seconds < BUILD_SECONDS
-    spec = check_spec(chart, data_rows=len(trace.layers) * e)
+    # every (layer, expert) cell once, and the outlined expert's cells once more (their own small data)
+    spec = check_spec(chart, data_rows=len(trace.layers) * e + len(trace.layers))
     overview, detail = spec["vconcat"]
     params = [p for view in (spec, overview, overview["layer"][0]) for p in view.get("params", [])]
     (brush,) = [p for p in params if p["name"] == EXPERT_BRUSH]
@@ -121,7 +123,8 @@ def test_layer_expert_heatmap_overview_and_detail(big):
     assert detail["layer"][0]["encoding"]["x"]["scale"]["domain"] == {"param": EXPERT_BRUSH, "encoding": "x"}
     assert overview["width"] / e <= 3  # 1–3 px per expert in the overview
     highlighted = [layer for view in (overview, detail) for layer in view["layer"][1:]]
-    assert all(h["transform"] == [{"filter": "datum.expert == 7"}] for h in highlighted) and highlighted
+    outlined = [pd.DataFrame(spec["datasets"][h["data"]["name"]]) for h in highlighted]
+    assert outlined and all(set(o["expert"]) == {7} and len(o) == len(trace.layers) for o in outlined)
     # score heatmap and a sort by co-activation PC1: the axis labels are the ids in that order
     pair, _ = coactivation_counts(trace.layers[5], False)
     order = expert_order(
@@ -181,6 +184,41 @@ def test_expert_load_curve_is_sorted_with_the_fair_share(big):
     data = spec_of_data(spec)
     assert data["count"].is_monotonic_decreasing and data["rank"].tolist() == list(range(len(layer)))
     assert {"datum": 1.0} in [layer["encoding"].get("y") for layer in spec["layer"]]
+
+
+def test_expert_load_curve_band_is_the_bootstrap_of_each_ranked_expert(big):
+    trace, balance = big["trace"], big["balance"]
+    routing = trace.layers[0]
+    layer = balance[(balance["layer"] == routing.layer) & (balance["site"] == routing.site)]
+    e, draws = routing.num_experts, 400
+    conf = load_confidence(routing, draws=draws)
+    bands = pd.DataFrame(
+        {
+            "expert": np.arange(e),
+            "share": conf.share,
+            "share_low": conf.share_low,
+            "share_high": conf.share_high,
+        }
+    ).sample(frac=1.0, random_state=1)  # rows out of order: the band is matched by expert, not by position
+    chart, seconds = timed(lambda: expert_load_curve_chart(layer, highlight=3, bands=bands))
+    assert seconds < BUILD_SECONDS
+    spec = check_spec(chart, data_rows=e)  # still one row per expert
+    data = spec_of_data(spec).sort_values("rank")
+    # independently: the same resamples of the tokens, in utilisation c_e / (kT/E), quantiles per expert
+    boot = bootstrap_counts(routing.experts, e, draws, 0) / (len(routing.experts) * routing.k / e)
+    low, high = np.quantile(boot, [0.05, 0.95], axis=0)
+    ranked = data["expert"].to_numpy()
+    np.testing.assert_allclose(data["util_low"], low[ranked], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(data["util_high"], high[ranked], rtol=1e-9, atol=1e-12)
+    # the band follows the curve's order: each rank's band holds that rank's utilisation, and a band in
+    # expert order (not rank order) would not
+    util = data["utilisation"].to_numpy()
+    assert (data["util_low"].to_numpy() <= util + 1e-12).all() and (util <= data["util_high"] + 1e-12).all()
+    assert not ((low <= util + 1e-12) & (util <= high + 1e-12)).all()
+    assert data["count"].is_monotonic_decreasing
+    (band,) = [view for view in spec["layer"] if view["encoding"].get("y2") == {"field": "util_high"}]
+    assert band["encoding"]["x"]["field"] == "rank" and band["encoding"]["y"]["field"] == "util_low"
+    assert "band low (utilisation)" in json.dumps(band["encoding"]["tooltip"])
 
 
 @pytest.mark.parametrize("rank_by", ["score", "selection_score", "load"])
@@ -255,8 +293,12 @@ def test_one_tokens_scores_at_every_layer_with_dispatch_dots(big):
         lambda: layer_expert_heatmap(mine, "score", highlight=int(trace.layers[0].experts[40, 0]))
     )
     assert seconds < BUILD_SECONDS
-    spec = check_spec(chart, data_rows=len(mine))
+    layers = len(trace.layers)
+    # the cells, the outlined expert's cells (a row per layer) and the dispatched cells (k per layer)
+    spec = check_spec(chart, data_rows=len(mine) + layers + 8 * layers)
     detail = spec["vconcat"][1]
     (dots,) = [layer for layer in detail["layer"] if layer["mark"]["type"] == "circle"]
-    assert dots["transform"] == [{"filter": "datum.dispatched"}]
-    assert spec_of_data(spec)["dispatched"].sum() == 8 * len(trace.layers)
+    dotted = pd.DataFrame(spec["datasets"][dots["data"]["name"]])
+    assert dotted["dispatched"].all() and len(dotted) == 8 * layers
+    cells = pd.DataFrame(max(spec["datasets"].values(), key=len))
+    assert cells["dispatched"].sum() == 8 * layers

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -30,13 +31,63 @@ def allowed_roots(kind: Kind) -> list[Path] | None:
 
 
 def folder_inside(text: str, kind: Kind) -> Path:
-    """`text` resolved (symlinks followed); FolderNotAllowedError unless inside `allowed_roots(kind)`."""
+    """`text` resolved (symlinks followed); FolderNotAllowedError unless inside `allowed_roots(kind)`, and
+    unless every file and folder under it resolves inside them too (`check_links`)."""
     folder = Path(text).expanduser().resolve()
     roots = allowed_roots(kind)
-    if roots is not None and not any(folder.is_relative_to(root) for root in roots):
+    if roots is None:
+        return folder
+    if not _inside(folder, roots):
         allowed = ", ".join(str(root) for root in roots)
         raise FolderNotAllowedError(f"{folder} is outside the {kind} folders this server may open: {allowed}")
+    check_links(folder, kind)
     return folder
+
+
+def _inside(path: Path, roots: list[Path]) -> bool:
+    return any(path.is_relative_to(root) for root in roots)
+
+
+def check_links(folder: Path, kind: Kind) -> None:
+    """FolderNotAllowedError if a link anywhere under `folder` (a model's config, tokenizer or weight file,
+    a checkpoint of a series, a store's run folder or file) leads outside `allowed_roots(kind)`: loads and
+    stores open the files under the folder, so the allowlist must hold for each. Only links are resolved
+    (a plain entry lies where its folder lies); linked folders inside the roots are walked too, once. The
+    message names the link, never what it points to."""
+    roots = allowed_roots(kind)
+    if roots is None or not folder.is_dir():
+        return
+    pending, seen = [folder], {folder}
+    while pending:
+        current = pending.pop()
+        try:
+            entries = list(os.scandir(current))
+        except OSError:
+            continue  # unreadable: the load or store reports it
+        for entry in entries:
+            path = Path(entry.path)
+            if entry.is_symlink():
+                target = path.resolve()
+                if not _inside(target, roots):
+                    name = path.relative_to(folder) if path.is_relative_to(folder) else path
+                    raise FolderNotAllowedError(
+                        f"{name} in {folder} links outside the {kind} folders this server may open: refused"
+                    )
+                if target.is_dir() and target not in seen:
+                    seen.add(target)
+                    pending.append(target)
+            elif entry.is_dir(follow_symlinks=False):
+                pending.append(path)
+
+
+def check_series(text: str) -> str:
+    """A checkpoint series typed in the app, each part checked like a model folder: one folder of checkpoint
+    folders, or checkpoint folders separated by commas. Split first: as one path, `ALLOWED/x,OUTSIDE/s`
+    lies inside ALLOWED, but the series reads OUTSIDE/s."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise ModelSourceError("enter the path of a folder of checkpoint folders (or A,B,C)")
+    return ",".join(str(folder_inside(part, "model")) for part in parts)
 
 
 def roots_hint(kind: Kind) -> str:

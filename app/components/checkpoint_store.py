@@ -3,6 +3,7 @@ server process, and the timeline computed from it."""
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import streamlit as st
 import moeviz
 from components import access
 from components.errors import stop_on_error
+from moeviz.analysis import lineage
 from moeviz.models.loading import sample_models_dir
 from moeviz.samples import write_eval_prefix
 from moeviz.store import TraceSettings, trace_corpus
@@ -44,10 +46,11 @@ def series_picker() -> str:
                 help="A folder of checkpoint folders (each with config.json).",
             )
     with stop_on_error():
-        series = series if series in choices else access.check_source(series or "")  # samples: allowed
-    if not Path(series).is_dir():
-        st.error(f"{series} is not a folder")
-        st.stop()
+        series = series if series in choices else access.check_series(series or "")  # samples: allowed
+    for part in series.split(","):
+        if not Path(part).is_dir():
+            st.error(f"{part} is not a folder")
+            st.stop()
     return series
 
 
@@ -90,18 +93,46 @@ def timeline_of(series: str) -> CheckpointTimeline:
     return checkpoint_timeline(series_store(series), model=name)
 
 
-def run_timeline(series: str) -> CheckpointTimeline:
-    """Trace every checkpoint (progress bar per checkpoint), then compute the timeline; errors stop."""
+@st.cache_data(show_spinner=False, max_entries=256)
+def pair_lineage(folder_a: str, folder_b: str) -> tuple[bool, str]:
+    """(related, reason) of two checkpoint folders (`moeviz.analysis.lineage`: config shape and router /
+    expert weight cosine, read lazily from the safetensors files: milliseconds for the samples)."""
+    result = lineage(Path(folder_a), Path(folder_b))
+    return result.related, result.reason
+
+
+def series_breaks(series: str) -> list[tuple[str, str, str]]:
+    """(previous checkpoint, checkpoint, reason) for each checkpoint of `series` that does not share a
+    training lineage with its predecessor (expert ids do not correspond across that pair); errors stop."""
     with stop_on_error():
         _, checkpoints = resolve_series(series)
+    breaks = []
+    for (before, folder_a), (after, folder_b) in itertools.pairwise(checkpoints):
+        try:
+            related, reason = pair_lineage(str(folder_a), str(folder_b))
+        except Exception as exc:  # unreadable weights: trace anyway, say the check did not run
+            st.caption(f"Lineage of {before} → {after} not checked ({exc}).")
+            continue
+        if not related:
+            breaks.append((before, after, reason))
+    return breaks
+
+
+def run_timeline(series: str) -> CheckpointTimeline:
+    """Trace every checkpoint, then compute the timeline; errors stop. Progress: a bar and a status block
+    with one line per checkpoint (kept, collapsed, once done)."""
+    with stop_on_error():
+        _, checkpoints = resolve_series(series)
+        n = len(checkpoints)
         bar = st.progress(0.0, text="Tracing the checkpoints…")
-        for i, (label, folder) in enumerate(checkpoints):
-            bar.progress(
-                i / len(checkpoints), text=f"Tracing checkpoint {label} ({i + 1}/{len(checkpoints)})…"
-            )
-            traced_checkpoint(series, label, str(folder), i)
-        bar.progress(1.0, text="Comparing the checkpoints…")
-        timeline = timeline_of(series)
+        with st.status(f"Tracing {n} checkpoints…", expanded=True) as status:
+            for i, (label, folder) in enumerate(checkpoints):
+                bar.progress(i / n, text=f"Tracing checkpoint {label} ({i + 1}/{n})…")
+                traced_checkpoint(series, label, str(folder), i)
+                st.write(f"Traced checkpoint {label} ({i + 1}/{n})")
+            bar.progress(1.0, text="Comparing the checkpoints…")
+            timeline = timeline_of(series)
+            status.update(label=f"Traced {n} checkpoints", state="complete", expanded=False)
         bar.empty()
         return timeline
 

@@ -14,6 +14,7 @@ from components import access, caches, load_options, pickers
 from components.errors import stop_on_error
 from moeviz.samples import DOMAINS, write_eval_prefix
 from moeviz.store import StoreError, StoreQuery, TraceSettings, trace_corpus
+from moeviz.store.writer import default_label
 
 BUILD = "Build a small store from the evaluation corpus"
 OPEN = "Open a store folder…"
@@ -58,7 +59,10 @@ def _build_sample_store(source: str, bar) -> str:
     def step(batch) -> None:
         bar.progress(min((batch.index + 1) / total, 1.0), text=f"Tracing batch {batch.index + 1}…")
 
-    label = load_options.source_of(source).removeprefix(access.SAMPLE_PREFIX).replace("/", "-")
+    text = load_options.source_of(source)
+    label = text.removeprefix(access.SAMPLE_PREFIX).replace("/", "-")  # sample:series/step, org/name
+    if Path(text).is_dir():  # a local folder: its name (a full path is no store label)
+        label = default_label(text)
     trace_corpus(loaded, corpus, store, model=label, settings=settings, progress=False, on_batch=step)
     return store
 

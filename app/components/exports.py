@@ -14,6 +14,7 @@ import pandas as pd
 import streamlit as st
 
 import moeviz
+from moeviz.charts import INK, PAPER
 
 CANVAS_ABOVE = 400  # marks; Streamlit itself switches to a canvas only above 2,000 data rows
 PARQUET_MIME = "application/vnd.apache.parquet"
@@ -51,13 +52,15 @@ def routing_downloads(trace: moeviz.Trace, routing: pd.DataFrame | None = None) 
     built from the trace on click: at hundreds of experts and dozens of layers the page never builds it."""
     csv = routing_csv(routing) if routing is not None else lambda: csv_bytes(trace.routing_frame())
     d1, d2 = st.columns(2)
-    d1.download_button("Routing table (CSV)", csv, "routing.csv", "text/csv", icon="⬇", on_click="ignore")
+    d1.download_button(
+        "Routing table (CSV)", csv, "routing.csv", "text/csv", icon=":material/download:", on_click="ignore"
+    )
     d2.download_button(
         "Routing table (Parquet)",
         routing_parquet(trace),
         "routing.parquet",
         PARQUET_MIME,
-        icon="⬇",
+        icon=":material/download:",
         on_click="ignore",
     )
 
@@ -72,7 +75,7 @@ def table_downloads(frame: pd.DataFrame, name: str) -> None:
             functools.partial(build, frame),
             file,
             mime,
-            icon="⬇",
+            icon=":material/download:",
             on_click="ignore",
             key=f"{ext}_{name}",
         )
@@ -84,7 +87,7 @@ def chart_file(chart: alt.TopLevelMixin, fmt: str) -> bytes:
     import vl_convert
 
     with alt.data_transformers.enable(max_rows=None):
-        spec = chart.to_dict()
+        spec = type(chart).to_dict(chart, validate=False)  # light, whatever the page's theme
     if "facet" not in spec and "width" not in spec:
         spec["width"] = 900  # the app fits charts to the page; a file needs a width of its own
     if fmt == "svg":
@@ -95,17 +98,57 @@ def chart_file(chart: alt.TopLevelMixin, fmt: str) -> bytes:
 def many_marks(chart: alt.TopLevelMixin, marks: int) -> alt.TopLevelMixin:
     """Have Vega draw a view of more than CANVAS_ABOVE marks on a canvas instead of as SVG: much less work
     in the browser, which redraws these views on every layer switch. Small views stay SVG, their marks
-    readable in the page (the browser tests read them)."""
+    readable in the page (the browser tests read them). Per-mark work Vega does through its (slow, CSP-safe)
+    expression interpreter is turned off: ARIA descriptions (a canvas has no marks to read) and the filter
+    of invalid values (these views' values are finite)."""
     if marks <= CANVAS_ABOVE:
         return chart
-    return chart.properties(usermeta={"embedOptions": {"renderer": "canvas"}})
+    return chart.properties(
+        usermeta={"embedOptions": {"renderer": "canvas"}},
+        config=alt.Config(aria=False, mark=alt.MarkConfig(invalid=None)),
+    )
 
 
-def _skip_validation(chart: alt.TopLevelMixin) -> None:
-    """Make Streamlit's `chart.to_dict()` skip the JSON-schema check: about a quarter of a page rerun
-    (~15 ms a chart), and every chart function's spec is already validated by the chart tests."""
+# The dark theme's counterparts of the library's two theme colours (Streamlit's dark background is #0e1117).
+DARK = {INK: "#f0f2f6", PAPER: "#0e1117"}
+# Chart subtitles: Streamlit's chart theme colours titles but leaves subtitles Vega's black.
+SUBTITLE = {"light": "#5c5f6b", "dark": "#a3a8b8"}
+
+
+def themed_spec(spec: dict, theme: str) -> dict:
+    """`spec` (a Vega-Lite dict) in the page's theme ("light" or "dark"), changed in place: subtitles in
+    the theme's secondary text colour and, on the dark theme, the library's INK outlines and PAPER cell
+    separators swapped for their dark counterparts. Data is left alone."""
+    config = spec.setdefault("config", {})
+    config.setdefault("title", {}).setdefault("subtitleColor", SUBTITLE.get(theme, SUBTITLE["light"]))
+    if theme != "dark":
+        return spec
+    stack = [value for key, value in spec.items() if key != "datasets"]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("color", "stroke", "fill") and isinstance(value, str) and value in DARK:
+                    node[key] = DARK[value]
+                elif key != "data" and isinstance(value, dict | list):
+                    stack.append(value)
+    return spec
+
+
+def _for_the_page(chart: alt.TopLevelMixin) -> None:
+    """Make Streamlit's `chart.to_dict()` skip the JSON-schema check (about a quarter of a page rerun, ~15
+    ms a chart; every chart function's spec is already validated by the chart tests) and return the spec
+    in the page's theme (`themed_spec`). The chart itself is unchanged: its downloads stay light."""
+    theme = st.context.theme.type or "light"
+
+    def to_dict(*args, **kwargs) -> dict:
+        kwargs.setdefault("validate", False)
+        return themed_spec(type(chart).to_dict(chart, *args, **kwargs), theme)
+
     # altair keeps attribute writes in the spec (`SchemaBase.__setattr__`): set the instance attribute.
-    object.__setattr__(chart, "to_dict", functools.partial(type(chart).to_dict, chart, validate=False))
+    object.__setattr__(chart, "to_dict", to_dict)
 
 
 def keep_labels(chart: alt.TopLevelMixin) -> alt.TopLevelMixin:
@@ -145,12 +188,12 @@ def show_chart(chart: alt.TopLevelMixin, key: str, *, select: bool = False):
     With `select`, the page reruns on a selection and the selection event is returned. Every label of
     its axes is kept (`keep_labels`)."""
     keep_labels(chart)
-    _skip_validation(chart)
+    _for_the_page(chart)
     with st.container(key=key):
         event = st.altair_chart(
             chart, width="stretch", on_select="rerun" if select else "ignore", key=f"{key}_chart"
         )
-    with st.popover("Save chart", icon="🖼"):
+    with st.popover("Save chart", icon=":material/image:"):
         for fmt, mime in (("svg", "image/svg+xml"), ("png", "image/png")):
             st.download_button(
                 fmt.upper(),

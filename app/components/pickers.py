@@ -143,6 +143,56 @@ def clicked_token(event) -> tuple[int, int] | None:
     return int(point.get("seq", 0)), int(point["pos"])
 
 
+WHY_CELL = "why_cell"  # the heatmap cell last clicked on the Routing page: (seq, pos, expert)
+WHY_OPEN = "why_open"  # set before the Routing page's link to the Why page: the token it opens on
+
+
+def clicked_cell(event) -> tuple[int, int, int | None] | None:
+    """(seq, pos, expert) of the cell clicked in a selectable heatmap (`moeviz.charts.TOKEN_SELECTION`,
+    whose fields carry the expert; None where a chart's do not), if any."""
+    points = (event or {}).get("selection", {}).get(moeviz.charts.TOKEN_SELECTION) or []
+    if not points:
+        return None
+    point = points[0]
+    expert = point.get("expert")
+    return int(point.get("seq", 0)), int(point["pos"]), None if expert is None else int(expert)
+
+
+def remember_cell(event) -> None:
+    """Keep the heatmap cell clicked in `event` (or None) for the Why page (`WHY_CELL`)."""
+    st.session_state[WHY_CELL] = clicked_cell(event)
+
+
+def open_why_on(seq: int, pos: int) -> None:
+    """Call just before a link to the Why page: it then opens on token (seq, pos), at the layer on show,
+    on the clicked cell's expert where the cell is this token's and its expert was dispatched there,
+    else on the token's top-1 expert (`why_expert`)."""
+    st.session_state[WHY_OPEN] = (int(seq), int(pos))
+
+
+def why_expert(routing, row: int, token: tuple[int, int]) -> tuple[int | None, str]:
+    """On opening the Why page from the Routing page (`open_why_on`): the expert to explain at token
+    row `row` (token (seq, pos)) of layer `routing` (`LayerRouting`), and a line saying why — the clicked
+    cell's expert if it was dispatched there, else the token's top-1 (the dispatched expert with the
+    largest combination weight). (None, "") where no expert was dispatched."""
+    experts, weights = routing.experts[row], routing.weights[row]
+    dispatched = [(float(w), int(e)) for e, w in zip(experts, weights, strict=True) if e >= 0]
+    if not dispatched:
+        return None, ""
+    top1 = max(dispatched, key=lambda pair: pair[0])[1]  # ties: the first slot
+    cell = st.session_state.get(WHY_CELL)
+    clicked = cell[2] if cell is not None and tuple(cell[:2]) == tuple(token) else None
+    where = f"layer {routing.layer}"
+    if clicked is not None and clicked in {e for _, e in dispatched}:
+        return clicked, f"Opened on expert {clicked}, the heatmap cell you clicked (dispatched at {where})."
+    if clicked is not None:
+        return top1, (
+            f"Opened on expert {top1}, this token's top-1 at {where} (largest combination weight): expert "
+            f"{clicked}, the cell you clicked, was not dispatched here."
+        )
+    return top1, f"Opened on expert {top1}, this token's top-1 at {where} (largest combination weight)."
+
+
 def clicked_head(*events) -> tuple[int, int] | None:
     """(layer, head) clicked in any of the head-grid heatmaps (`moeviz.charts.HEAD_SELECTION`), if any."""
     for event in events:

@@ -58,18 +58,21 @@ def heads_and_map() -> None:
     heads = att.head_summary(window)
 
     events = []
+    longest = int(att.lengths.max())  # the colour scales run to what a head can reach at this length
     columns = st.columns(2)
     for i, (metric, (_, _, explanation)) in enumerate(HEAD_METRICS.items()):
         with columns[i % 2]:
             events.append(
-                exports.show_chart(head_metric_heatmap(heads, metric), f"heads_{metric}", select=True)
+                exports.show_chart(
+                    head_metric_heatmap(heads, metric, num_tokens=longest), f"heads_{metric}", select=True
+                )
             )
             st.caption(explanation)
     if att.no_map:
         st.info(
             "Layers without a map (grey): "
             + "; ".join(f"layer {k}: {v}" for k, v in sorted(att.no_map.items())),
-            icon="ℹ",
+            icon=":material/info:",
         )
     exports.table_downloads(heads, "head_summary")
 
@@ -129,8 +132,9 @@ def kv_cache() -> None:
     )
     k2.metric(
         f"Cache at {num_tokens} tokens",
-        f"{total * num_tokens / 2**20:.2f} MiB",
-        help="bytes per token × tokens",
+        f"{att.kv_cache_bytes(num_tokens) / 2**20:.2f} MiB",
+        help="Σ over softmax layers of bytes per token × the tokens the layer keeps: all of them, or at most "
+        f"its sliding window (capped_at). {att.dtype_bytes} bytes per element (the loaded model's dtype).",
     )
     latent = per_token.get("mla_latent_bytes")
     if latent is not None and latent.notna().any():
@@ -156,12 +160,15 @@ def kv_cache() -> None:
         kv_whatif_heatmap(whatif, title=f"Attention mass lost with W = {keep_last}, G = {keep_first}"),
         "kv_whatif",
     )
-    full = int(whatif["full_cache_bytes"].drop_duplicates().sum()) if len(whatif) else 0
-    kept = int(whatif.groupby("layer")["whatif_cache_bytes"].first().sum()) if len(whatif) else 0
+    # one row per layer: the byte columns repeat on every head row of a layer (two layers may have equal
+    # sizes, so never deduplicate the values themselves)
+    sizes = whatif.groupby("layer")[["full_cache_bytes", "whatif_cache_bytes"]].first()
+    full, kept = int(sizes["full_cache_bytes"].sum()), int(sizes["whatif_cache_bytes"].sum())
     st.caption(
         "Lost mass of query i = Σ p_ij over the keys such a cache would have evicted (i − j ≥ W and j ≥ G): "
         f"what the head could no longer see. The cache would hold {kept / 2**20:.2f} MiB instead of "
-        f"{full / 2**20:.2f} MiB at the longest sequence ({kept / full if full else 1:.0%})."
+        f"{full / 2**20:.2f} MiB at the longest sequence (saves {1 - kept / full if full else 0:.0%}): per "
+        "layer, at most W + G of the tokens it keeps now (all of them, or its own sliding window)."
     )
     exports.table_downloads(whatif, "kv_whatif")
 

@@ -2,7 +2,14 @@
 
 import streamlit as st
 from components import exports
-from components.checkpoint_store import WINDOW_TOKENS, WINDOWS, run_timeline, series_picker, timeline_table
+from components.checkpoint_store import (
+    WINDOW_TOKENS,
+    WINDOWS,
+    run_timeline,
+    series_breaks,
+    series_picker,
+    timeline_table,
+)
 
 from moeviz.charts.checkpoints import (
     TIMELINE_INDICATORS,
@@ -18,22 +25,38 @@ st.markdown(
     "evaluation domain; the lines show how each MoE layer's routing settles."
 )
 series = series_picker()
+# the controls first, then the (slow, once per server) tracing with its progress, then the charts
+left, right = st.columns(2)
+kind = left.radio("Saturation agreement", ["topk", "top1"], horizontal=True, key="saturation_kind")
+indicator = right.selectbox("Balance indicator", list(TIMELINE_INDICATORS), key="timeline_indicator")
+breaks = series_breaks(series)  # weights only: milliseconds, before any tracing
 timeline = run_timeline(series)
 st.caption(
     f"{timeline.model} · {len(timeline.checkpoints)} checkpoints ({timeline.checkpoints[0]} … "
     f"{timeline.checkpoints[-1]}) · final = {timeline.checkpoints[-1]}"
 )
+saturation, drift = timeline.saturation, timeline.drift
+if breaks:  # expert ids do not correspond across a break: no agreement is drawn across it
+    pairs = "; ".join(f"**{a} → {b}**: {reason}" for a, b, reason in breaks)
+    since = breaks[-1][1]
+    st.warning(
+        f"Not one training run: {pairs}. Expert ids of models trained separately do not correspond "
+        f"(expert 3 of one has nothing to do with expert 3 of the other), so saturation (agreement with the "
+        f"final checkpoint) is drawn only from {since} on and drift is left out at "
+        f"{', '.join(b for _, b, _ in breaks)}. Balance and specialisation are per checkpoint and still hold."
+    )
+    kept = timeline.checkpoints[timeline.checkpoints.index(since) :]
+    saturation = saturation[saturation["checkpoint"].isin(kept)]
+    drift = drift[~drift["checkpoint"].isin([b for _, b, _ in breaks])]
 
 st.subheader("Router saturation")
-kind = st.radio("Agreement", ["topk", "top1"], horizontal=True, key="saturation_kind")
-exports.show_chart(saturation_timeline_chart(timeline.saturation, kind), "saturation_timeline")
+exports.show_chart(saturation_timeline_chart(saturation, kind), "saturation_timeline")
 st.caption(
     "Share of each token's experts that the final checkpoint also chooses (top-1: same first expert): "
     "how early a layer's routing is already the routing it ends with."
 )
 
 st.subheader("Balance")
-indicator = st.selectbox("Indicator", list(TIMELINE_INDICATORS), key="timeline_indicator")
 exports.show_chart(
     balance_timeline_chart(timeline.collapse, indicator, timeline.crossings), "balance_timeline"
 )
@@ -43,8 +66,8 @@ st.caption(
 )
 
 st.subheader("Expert drift")
-if len(timeline.drift):
-    exports.show_chart(drift_timeline_chart(timeline.drift), "drift_timeline")
+if len(drift):
+    exports.show_chart(drift_timeline_chart(drift), "drift_timeline")
     st.caption(
         "How much each expert's set of tokens changed since the previous checkpoint (mean over experts): "
         "0 = same tokens, 1 = entirely different ones."

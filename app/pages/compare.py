@@ -1,9 +1,15 @@
 """Compare: two models or checkpoints on the same text, side by side and as differences."""
 
 import streamlit as st
-from components import access, caches, expert_axis, exports, pickers, prompt
+from components import access, caches, expert_axis, exports, load_options, pickers, prompt
 
-from moeviz.analysis import expert_balance_frame, expert_drift_frame, match_tokens, routing_agreement_frame
+from moeviz.analysis import (
+    expert_balance_frame,
+    expert_drift_frame,
+    lineage,
+    match_tokens,
+    routing_agreement_frame,
+)
 from moeviz.charts import agreement_chart, load_heatmap, load_shift_heatmap
 
 st.title("Compare")
@@ -19,6 +25,30 @@ source_b = right.selectbox(
     "Model B (the reference)", choices, key="compare_b", help="e.g. the final checkpoint"
 )
 st.caption("Checkpoints of a series (mixtral-healthy-series/step-…) compare training stages of one model.")
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def lineage_of(key_a: str, key_b: str) -> tuple[bool, str] | None:
+    """(related, reason) of two model keys from their weights (`moeviz.analysis.lineage`); None when the
+    weights cannot be read (then nothing is claimed)."""
+    try:
+        a, b = (access.check_source(load_options.source_of(key)) for key in (key_a, key_b))
+        result = lineage(a, b)
+    except Exception:  # e.g. no safetensors weights: the check is skipped, not the page
+        return None
+    return (result.related, result.reason) if result.checked else None
+
+
+LINEAGE = lineage_of(source_a, source_b)
+UNRELATED = LINEAGE is not None and not LINEAGE[0]
+if UNRELATED:
+    st.warning(
+        f"**A and B are not one training run** ({LINEAGE[1]}). Expert ids of models trained "
+        "separately do not correspond: expert 3 of A has nothing to do with expert 3 of B, so the routing "
+        "agreement, top-1 agreement and load shift below (all by expert id) do not measure anything. What "
+        "still means something: each model's own load balance (the two heatmaps, read separately).",
+        icon=":material/warning:",
+    )
 text = prompt.prompt_form()
 trace_a = caches.load_or_stop(source_a, text)
 trace_b = caches.load_or_stop(source_b, text)
@@ -57,6 +87,8 @@ except ValueError as exc:  # no common MoE layer, or different expert counts
     st.stop()
 
 st.subheader("Differences")
+if UNRELATED:
+    st.caption("By expert id across two unrelated models: see the warning above; not a measure of agreement.")
 exports.show_chart(agreement_chart(agreement), "agreement")
 st.caption(
     "Per layer, over the same tokens: top-k overlap (saturation) = mean_t |Sᵃ_t ∩ Sᵇ_t| / |Sᵇ_t|; "
@@ -72,6 +104,6 @@ else:
 st.caption(
     "Load change c_e(B) − c_e(A) in tokens; hover for retained = |Tᵃ_e ∩ Tᵇ_e| / |Tᵃ_e| (of A's tokens, "
     "the share B still sends to e) and drift = 1 − Jaccard of the two token sets. Expert ids only mean the "
-    "same thing across checkpoints of one run, not across independently trained models."
+    "same thing across checkpoints of one run, not across models trained separately."
 )
 exports.table_downloads(drift, "load_shift")

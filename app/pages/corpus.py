@@ -4,6 +4,7 @@ import streamlit as st
 from components import expert_axis, exports
 from components.corpus_store import run_options, store_picker
 
+from moeviz.analysis import domain_top_experts
 from moeviz.charts import balance_chart, load_heatmap
 from moeviz.charts.checkpoints import domain_specialisation_heatmap
 from moeviz.store import StoreQuery
@@ -36,7 +37,9 @@ query = StoreQuery(
 
 st.subheader("Load per layer and expert")
 load = query.expert_balance()
-if len(load) and expert_axis.at_scale(int(load["expert"].max()) + 1):  # sorted, overview + brushed detail
+num_experts = int(load["expert"].max()) + 1 if len(load) else 0
+axis = None
+if expert_axis.at_scale(num_experts):  # sorted, overview + brushed detail
     axis = expert_axis.expert_axis(load)
     expert_axis.show_heatmap(load, "utilisation", axis, "corpus_load")
 else:
@@ -73,6 +76,54 @@ exports.table_downloads(verdicts, "corpus_collapse")
 
 st.subheader("Domain specialisation")
 spec = query.domain_specialisation()
-exports.show_chart(domain_specialisation_heatmap(spec), "corpus_specialisation")
+if axis is None:
+    exports.show_chart(domain_specialisation_heatmap(spec), "corpus_specialisation")
+else:  # at scale: the experts of the axis (top-N by load and the chosen one), in its order
+    shown = spec[spec["expert"].isin(axis.shown)]
+    chart = expert_axis.sort_axis(domain_specialisation_heatmap(shown), axis.shown, "x")
+    exports.show_chart(exports.many_marks(chart, len(shown)), "corpus_specialisation")
+    st.caption(
+        f"The {len(axis.shown)} busiest of {num_experts} experts (top-N, and the chosen one), sorted by "
+        f"{axis.order_name}; one panel per layer (choose layers above to show fewer)."
+    )
 st.caption("How much more often each expert is chosen for a domain's tokens than chance (lift = DS / (k/E)).")
 exports.table_downloads(spec, "corpus_domain_specialisation")
+
+st.subheader("Top experts per domain")
+# The null pools every domain of the run (not only those chosen above): an expert's share of all slots.
+top = domain_top_experts(scope.domain_specialisation(), top_n=3, level=0.95)
+e, f = st.columns(2)
+top_domains = e.multiselect("Domain", domains, key="corpus_top_domains", placeholder="all")
+top_layers = f.multiselect("Layer", layers, key="corpus_top_layers", placeholder="all")
+if top_domains:
+    top = top[top["domain"].isin(top_domains)]
+if top_layers:
+    top = top[top["layer"].isin(top_layers)]
+top = top.reset_index(drop=True)
+TOP_COLUMNS = ["domain", "layer", "rank", "expert", "share", "null_share", "lift", "null_lo", "null_hi"]
+st.dataframe(
+    top[[*TOP_COLUMNS, "p_value", "significant", "dispatched", "slots"]],
+    hide_index=True,
+    key="corpus_top_experts",
+    column_config={
+        "share": st.column_config.NumberColumn("share", format="percent", help="of the domain's slots"),
+        "null_share": st.column_config.NumberColumn(
+            "null share", format="percent", help="the expert's share of all domains' slots"
+        ),
+        "lift": st.column_config.NumberColumn("lift", format="%.2f", help="share / null share"),
+        "null_lo": st.column_config.NumberColumn("null 2.5 %", format="percent"),
+        "null_hi": st.column_config.NumberColumn("null 97.5 %", format="percent"),
+        "p_value": st.column_config.NumberColumn(
+            "p", format="%.2g", help="P(share ≥ observed | no specialisation)"
+        ),
+    },
+)
+st.caption(
+    "The 3 experts taking the largest share of each domain's routing slots, per layer. Null = no "
+    "specialisation: the domain labels permuted over the layer's tokens, so a domain would give each expert "
+    "its share over all domains (null share; lift = share / null share). The band is the central 95 % of "
+    "the share under that permutation (exact hypergeometric); significant = p below 0.05 / (domains × "
+    "experts). Tokens are treated as exchangeable: neighbouring tokens route alike, so read significance as "
+    "a screen and lift as the effect."
+)
+exports.table_downloads(top, "corpus_top_experts")

@@ -9,9 +9,17 @@ from moeviz.analysis import (
     collapse_frame,
     collapse_report,
     expert_balance_frame,
+    loss_frame,
 )
 from moeviz.analysis.collapse import NOT_ENOUGH_TOKENS, STATUS_JUDGED, STATUS_TOO_FEW
-from moeviz.charts import balance_chart, dead_hot_experts, load_heatmap
+from moeviz.charts import (
+    AUX_LOSS_FORMS,
+    aux_loss_chart,
+    aux_loss_frame,
+    balance_chart,
+    dead_hot_experts,
+    load_heatmap,
+)
 
 INDICATORS = {
     "load_entropy": "H(f) / log E, f_e = c_e / (kT) the share of all kT slots: 1 = even, 0 = one expert "
@@ -62,6 +70,32 @@ with st.expander("All indicators, explained"):
 st.dataframe(balance, hide_index=True)
 exports.table_downloads(balance, "balance")
 
+st.subheader("Balancing losses: aux loss and z-loss")
+losses = aux_loss_frame(loss_frame(trace))
+exports.show_chart(aux_loss_chart(losses), "aux_losses")
+st.caption(
+    "The balancing losses a trainer would add for this text, replayed from the captured router probabilities "
+    "P_e (mean over tokens) and loads f_e, unscaled (α = 1). Each `…_balanced` column is the loss under "
+    "perfectly even load (f_e = k/E for every expert, whatever P): 1 or k, the layer's experts per token. "
+    "Read: on the dashed line = load as even as the loss asks for; to the right = the busiest experts get "
+    "both the tokens and the probability, which the loss penalises (2 = twice its balanced value).\n"
+    + "".join(
+        f"\n- `{name}` — {form}; balanced value {balanced}."
+        for name, (form, balanced) in AUX_LOSS_FORMS.items()
+    )
+    + "\n- `z_loss` — ST-MoE router z-loss, mean_t (log Σ_e exp logit_te)²: the size of the router logits, "
+    "not their balance, so it has no balanced value (large = logits that make the softmax brittle).\n\n"
+    'Definitions: docs/routing-metrics.md, "Balancing losses".'
+)
+st.dataframe(
+    losses,
+    hide_index=True,
+    column_config={
+        name: st.column_config.NumberColumn(name, format="%.4f") for name in (*AUX_LOSS_FORMS, "z_loss")
+    },
+)
+exports.table_downloads(losses, "balancing_losses")
+
 st.subheader("Collapse verdicts")
 thresholds = CollapseThresholds()
 report = collapse_report(trace, thresholds)
@@ -85,12 +119,17 @@ st.caption(
     f"layer with too few is *{NOT_ENOUGH_TOKENS}*."
 )
 shown = verdicts.assign(status=verdicts["status"].replace({STATUS_TOO_FEW: NOT_ENOUGH_TOKENS}))
+# The reasons and notes are sentences: a table cell cuts them, so they are listed in full below it (one
+# bullet each) and only counted in the table.
+shown = shown.drop(columns=["reasons", "notes"]).assign(
+    reasons=[len(lv.reasons) for lv in report.layers], notes=[len(lv.notes) for lv in report.layers]
+)
 st.dataframe(
     shown,
     hide_index=True,
     column_config={
-        "reasons": st.column_config.TextColumn("reasons", width="large"),
-        "notes": st.column_config.TextColumn("notes", width="large"),
+        "reasons": st.column_config.NumberColumn("reasons", help="How many reasons (listed in full below)"),
+        "notes": st.column_config.NumberColumn("notes", help="How many notes (listed in full below)"),
         "effective_tokens": st.column_config.NumberColumn(
             "effective_tokens", format="%.1f", help="Kish effective sample size of the layer's tokens"
         ),
@@ -102,10 +141,19 @@ st.dataframe(
         },
     },
 )
-for row in verdicts.itertuples():
-    lines = [text for text in (row.reasons, row.notes) if text]
-    if lines:
-        st.markdown(f"- **Layer {row.layer}** ({row.verdict}): " + "; ".join(lines))
+explained = [
+    f"- **{lv.label.capitalize()}** — {lv.verdict!s}\n"
+    + "".join(f"  - {reason}\n" for reason in lv.reasons)
+    + "".join(f"  - *note:* {note}\n" for note in lv.notes)
+    for lv in report.layers
+    if lv.reasons or lv.notes
+]
+with st.container(key="verdict_reasons"):
+    if explained:
+        st.markdown("**Why** — each layer's reasons, then its notes (not significant, or only a sign):")
+        st.markdown("".join(explained))
+    else:
+        st.markdown("No layer has a reason or a note.")
 exports.table_downloads(verdicts, "collapse_verdicts")
 rule = docs.verdict_rule()
 if rule:

@@ -116,6 +116,7 @@ def heatmap_and_token(site: str, layer: int) -> None:
         "● = expert the token was dispatched to; hover a cell for its logit and the combination weight the "
         "model used (0 where not dispatched). Click a cell to open its token below."
     )
+    pickers.remember_cell(event)  # the clicked cell's expert, for the Why page
     token_detail(layer, pickers.clicked_token(event))
 
 
@@ -124,12 +125,17 @@ def token_detail(layer: int, clicked: tuple[int, int] | None) -> None:
     # The tokens of the window on show (a long input's picker would ship every token to the browser).
     seq, pos = pickers.pick_token(token_options(trace.tokens.iloc[lo : lo + MAX_TOKENS]), clicked)
     mine_conf, scores_chart, path_chart, margin_chart = token_charts(seq, pos, st.session_state["token"])
-    st.page_link("pages/why.py", label="Why this expert? Attribution and what-if for this token", icon="❓")
+    pickers.open_why_on(seq, pos)
+    st.page_link(
+        "pages/why.py",
+        label="Why this expert? Attribution and what-if for this token",
+        icon=":material/help:",
+    )
     with st.container(key="drilldown"):
-        c1, c2, c3 = st.columns(3)
-        with c1:
-            exports.show_chart(scores_chart, "token_scores")
-            st.caption("Router scores of this token at every MoE layer; ● = dispatched.")
+        # the scores full width, path and margin side by side: readable from 900 px (three columns were not)
+        exports.show_chart(scores_chart, "token_scores")
+        st.caption("Router scores of this token at every MoE layer; ● = dispatched.")
+        c2, c3 = st.columns(2)
         with c2:
             exports.show_chart(path_chart, "token_path")
             st.caption(
@@ -164,7 +170,7 @@ def attention_row(layer: int, seq: int, pos: int) -> None:
     st.markdown("**Its attention row**")
     att = caches.get_attention(source, text)
     if att is None or not att.map_layers:
-        st.info("This model has no softmax attention map for this token.", icon="ℹ")
+        st.info("This model has no softmax attention map for this token.", icon=":material/info:")
         return
     layers = att.map_layers
     if layer in layers and "attention_layer" not in st.session_state:
@@ -190,56 +196,59 @@ def load_view(site: str, layer: int, num_experts: int, highlight: int | None = N
     summary = frames.layer_balance(site, layer)
     load = frames.layer_load(site, layer)
     dropped = int(summary["dropped"])
-    # bootstrap bands (tokens resampled) up to 20 experts; at scale the curve shows none
-    bands, spread = (
-        (None, {}) if SCALE else caches.layer_load_bands(source, text, site, layer, trace.layer(layer, site))
+    # bootstrap bands (tokens resampled), cached per layer; at scale 400 draws (~0.06 s at 1000 tokens × 256
+    # experts, against ~0.5 s for 2000) keep a layer switch quick
+    draws = 400 if SCALE else 2000
+    bands, spread = caches.layer_load_bands(source, text, site, layer, trace.layer(layer, site), draws)
+    # chart full width, then the indicators in one row: readable from 900 px (a side column was not)
+    title = f"Expert load, layer {layer}"
+    chart = (
+        expert_load_curve_chart(load, highlight=highlight, title=title, bands=bands)
+        if SCALE
+        else expert_load_chart(load, title=title, bands=bands)
     )
-    left, right = st.columns([3, 2])
-    with left:
-        title = f"Expert load, layer {layer}"
-        chart = (
-            expert_load_curve_chart(load, highlight=highlight, title=title)
-            if SCALE
-            else expert_load_chart(load, title=title, bands=bands)
+    exports.show_chart(chart, "load")
+    # indicators side by side at their own width, wrapping to a second row on a narrow page (never cut)
+    metrics = st.container(horizontal=True, gap="large")
+    metrics.metric(
+        "Load entropy",
+        f"{summary['load_entropy']:.2f}",
+        help="H(load) / log E; 1 = perfectly even" + band_text(spread, "load_entropy", "{:.2f}"),
+        width="content",
+    )
+    metrics.metric(
+        "Max share",
+        f"{summary['max_share']:.0%}",
+        help=f"The busiest expert's share of all kT slots; the fair share is {1 / num_experts:.1%}"
+        + band_text(spread, "max_share", "{:.1%}"),
+        width="content",
+    )
+    metrics.metric(
+        "Dead experts", int(summary["dead_experts"]), help="Experts that received no token", width="content"
+    )
+    if dropped:
+        metrics.metric(
+            "Dropped",
+            f"{summary['dropped_fraction']:.1%}",
+            help=f"{dropped:,} of the kT slots dropped by expert capacity (no expert ran them)",
+            width="content",
         )
-        exports.show_chart(chart, "load")
-    with right:
-        metrics = st.columns(4 if dropped else 3)
-        metrics[0].metric(
-            "Load entropy",
-            f"{summary['load_entropy']:.2f}",
-            help="H(load) / log E; 1 = perfectly even" + band_text(spread, "load_entropy", "{:.2f}"),
+    if SCALE:
+        st.caption(
+            "Curve: each expert's utilisation c_e / (kT/E), busiest first (a token counts once per "
+            "expert it uses); dashed line: the fair share kT/E; the chosen expert marked. Dropped slots "
+            f"are not drawn (see the Dropped metric). Grey band: 90% bootstrap band ({draws} draws, "
+            "tokens resampled; too narrow for one text, whose tokens are not independent)."
         )
-        metrics[1].metric(
-            "Max share",
-            f"{summary['max_share']:.0%}",
-            help=f"The busiest expert's share of all kT slots; the fair share is {1 / num_experts:.1%}"
-            + band_text(spread, "max_share", "{:.1%}"),
+        exports.routing_downloads(trace)
+    else:
+        st.caption(
+            "Bars: tokens dispatched to each expert in this layer (a token counts once per expert it "
+            "uses). Dashed line: the fair share kT/E, what every expert would get if the load were even; "
+            "grey bar: the slots dropped by expert capacity (when any). Whiskers: 90% bootstrap band "
+            "(tokens resampled; too narrow for one text, whose tokens are not independent)."
         )
-        metrics[2].metric("Dead experts", int(summary["dead_experts"]), help="Experts that received no token")
-        if dropped:
-            metrics[3].metric(
-                "Dropped",
-                f"{summary['dropped_fraction']:.1%}",
-                help=f"{dropped:,} of the kT slots dropped by expert capacity (no expert ran them)",
-            )
-        if SCALE:
-            st.caption(
-                "Curve: each expert's utilisation c_e / (kT/E), busiest first (a token counts once per "
-                "expert it uses); dashed line: the fair share kT/E; the chosen expert marked. Dropped slots "
-                "are not drawn (see the Dropped metric)."
-            )
-        else:
-            st.caption(
-                "Bars: tokens dispatched to each expert in this layer (a token counts once per expert it "
-                "uses). Dashed line: the fair share kT/E, what every expert would get if the load were even; "
-                "grey bar: the slots dropped by expert capacity (when any). Whiskers: 90% bootstrap band "
-                "(tokens resampled; too narrow for one text, whose tokens are not independent)."
-            )
-        if SCALE:
-            exports.routing_downloads(trace)
-        else:
-            exports.routing_downloads(trace, frames.routing)
+        exports.routing_downloads(trace, frames.routing)
 
 
 @st.fragment
@@ -339,9 +348,11 @@ def heatmap_at_scale(site: str, layer: int, axis: expert_axis.ExpertAxis, scores
         "logits), before top-k; ● = dispatched; hover for logit and weight. Click a cell to open "
         "its token below."
     )
+    pickers.remember_cell(event)  # the clicked cell's expert, for the Why page
     clicked = pickers.clicked_token(event)
     if widgets.new_click(clicked, "scale_cell_clicked"):
         st.session_state["scale_token_click"] = clicked
+        st.session_state["scale_token_detail"] = True  # a click asks for its token's drill-down
         st.rerun()  # the whole page: the drill-down is a fragment of its own
 
 
@@ -356,6 +367,17 @@ def token_detail_at_scale() -> None:
     st.subheader("One token in detail", anchor="token")
     clicked = st.session_state.get("scale_token_click")
     seq, pos = pickers.pick_token(token_options(trace.tokens.iloc[lo : lo + WINDOW]), clicked)
+    if not widgets.toggle(
+        "Show this token at every layer",
+        "scale_token_detail",
+        help=f"{len(trace.layer_keys)} layers × {trace.layers[0].num_experts} experts: drawn when asked for "
+        "(a click on a heatmap cell asks for its token).",
+    ):
+        st.caption(
+            "Click a cell of the heatmap above, or switch this on, to see the token's scores, path and "
+            "margins at every layer."
+        )
+        return
     label = st.session_state["token"]
     by = st.session_state.get("expert_sort", "id")
     order = frames.order(by)
@@ -364,7 +386,12 @@ def token_detail_at_scale() -> None:
     confidence = token_confidence_frame(trace, seq, pos)
     layers = pickers.layer_options(trace.layer_keys)
     site, layer = layers.get(st.session_state.get("layer"), trace.layer_keys[0])  # the layer on show above
-    st.page_link("pages/why.py", label="Why this expert? Attribution and what-if for this token", icon="❓")
+    pickers.open_why_on(seq, pos)
+    st.page_link(
+        "pages/why.py",
+        label="Why this expert? Attribution and what-if for this token",
+        icon=":material/help:",
+    )
     with st.container(key="drilldown"):
         name = expert_axis.ORDER_NAMES.get(by, by)
         exports.show_chart(

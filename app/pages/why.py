@@ -6,7 +6,7 @@ from components import caches, expert_axis, exports, pickers, prompt
 import moeviz
 from moeviz.analysis import expert_balance_frame
 from moeviz.attribution import router_attribution
-from moeviz.charts.attribution import attribution_strip_chart, importance_chart
+from moeviz.charts.attribution import attribution_strip_chart, importance_chart, position_delta_chart
 from moeviz.charts.tables import token_options
 from moeviz.interventions import DisableExpert, ForceExpert, NextBest, counterfactual, expert_importance
 
@@ -23,7 +23,7 @@ if len(tokens) > MAX_TOKENS:
         f"This page explains prompts of up to {MAX_TOKENS:,} tokens; this one has {len(tokens):,}. "
         "Attribution runs dozens of forward and backward passes over the whole prompt (feature ablation "
         "one per token), and the expert sweep one forward per expert: shorten the prompt to use it.",
-        icon="ℹ",
+        icon=":material/info:",
     )
     st.stop()
 options = token_options(tokens)  # the Routing page's labels: a token picked there stays picked here
@@ -33,7 +33,15 @@ _, pos = pickers.pick_token(options, None)
 site, layer = pickers.pick_layer(trace)
 routing = trace.layer(layer, site)
 row = int(tokens.index[tokens["pos"] == pos][0])
-chosen = [int(e) for e in routing.experts[list(routing.token_rows).index(row)] if e >= 0]
+layer_row = list(routing.token_rows).index(row)
+chosen = [int(e) for e in routing.experts[layer_row] if e >= 0]
+opened = st.session_state.pop(pickers.WHY_OPEN, None)  # reached from the Routing page's link
+if opened == (0, pos):  # open on the clicked cell's expert if dispatched here, else the token's top-1
+    start_expert, note = pickers.why_expert(routing, layer_row, opened)
+    if start_expert is not None:
+        st.session_state["expert"] = start_expert
+        st.session_state["why_opened_note"] = (pos, site, layer, start_expert, note)
+note = st.session_state.get("why_opened_note")
 label = f"Expert (dispatched here: {chosen})"
 if expert_axis.at_scale(routing.num_experts):  # a searchable picker: type an id
     layer_load = expert_balance_frame(trace)
@@ -41,6 +49,8 @@ if expert_axis.at_scale(routing.num_experts):  # a searchable picker: type an id
     expert = expert_axis.pick_expert(layer_load, label=label)
 else:
     expert = pickers.pick_expert(routing.num_experts, label=label)
+if note is not None and note[:4] == (pos, site, layer, expert):  # until the token, layer or expert changes
+    st.caption(note[4])
 ids = [int(i) for i in tokens["token_id"]]
 results = st.session_state.setdefault("why_results", {})
 
@@ -118,7 +128,7 @@ if st.button("Run what-if", key="why_whatif"):
             status.update(label=str(exc), state="error")
 if cf_key in results:
     cf = results[cf_key]
-    x, y = st.columns(2)
+    x, y, z = st.columns(3)
     x.metric(
         f"log p({cf.next_token!r}) after the prompt",
         f"{cf.next_logprob_after:.4f}",
@@ -130,11 +140,27 @@ if cf_key in results:
         "changed" if cf.next_id_after != cf.next_id else "same",
         delta_color="off",
     )
+    positions = cf.position_frame()
+    first = cf.first_intervened
+    z.metric(
+        f"mean Δ log p(next token), positions ≥ {first}",
+        f"{cf.mean_delta_after:+.4f}" if len(cf.deltas_after) else "—",
+        f"max |Δ| {cf.max_abs_delta_after:.4f}" if len(cf.deltas_after) else "no later position",
+        delta_color="off",
+        delta_arrow="off",
+        help="Δ = log p_after(x_{t+1} | x_≤t) − log p_before(x_{t+1} | x_≤t) at every position t from the "
+        "intervened one on (earlier positions cannot see the intervention: Δ = 0 there).",
+    )
+    exports.show_chart(position_delta_chart(positions), "why_positions")
+    st.caption(
+        "Δ log-prob of the prompt's actual next token at every position; orange: the token's dispatched "
+        "experts changed at some MoE layer (see the table below)."
+    )
     st.dataframe(cf.layer_summary(), hide_index=True)
     changes = cf.routing_changes()
     st.caption("Tokens whose dispatched experts changed (later layers and later tokens):")
     st.dataframe(changes[changes["changed"]], hide_index=True)
-    exports.table_downloads(cf.token_frame(), "whatif_logprobs")
+    exports.table_downloads(positions, "whatif_logprobs")
 
 st.subheader("Expert importance over the prompt")
 imp_key = ("imp", source, tuple(ids))

@@ -36,6 +36,8 @@ from moeviz.analysis.compare import (
     routing_agreement_frame,
     saturation_timeline,
 )
+from moeviz.analysis.domains import domain_top_experts
+from moeviz.analysis.lineage import Lineage, lineage
 from moeviz.analysis.specialisation import (
     DomainSpecialisation,
     domain_specialisation_frame,
@@ -87,11 +89,14 @@ __all__ = [
 # specialisation, structure, checkpoint comparison
 __all__ += [
     "DomainSpecialisation",
+    "Lineage",
     "coactivation_frame",
     "coactivation_matrix",
     "domain_specialisation_frame",
+    "domain_top_experts",
     "expert_domain_specialisation",
     "expert_drift_frame",
+    "lineage",
     "match_tokens",
     "mutual_information_bits",
     "path_frame",

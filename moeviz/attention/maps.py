@@ -481,17 +481,44 @@ class AttentionCapture:
                 rows.append({"layer": layer, "kind": "no map (state)", "bytes_per_token": 0})
         return pd.DataFrame(rows)
 
+    def kv_cache_tokens(
+        self, layer: int, tokens: int, window: int | None = None, global_tokens: int = 0
+    ) -> int:
+        """Tokens softmax layer `layer` keeps in its KV cache after `tokens` tokens: all of them, or at most
+        its own sliding window (min(sliding_window, T)); with a what-if `window`, at most that many plus
+        `global_tokens` on top. Never more than the full cache (the what-if only takes away)."""
+        cap = self.layers[layer].sliding_window
+        full = tokens if cap is None else min(tokens, int(cap))
+        return full if window is None else min(full, window + global_tokens)
+
+    def kv_cache_bytes(self, tokens: int, window: int | None = None, global_tokens: int = 0) -> int:
+        """Bytes of the whole KV cache after `tokens` tokens: Σ over softmax layers of bytes per token
+        (`kv_cache_bytes_per_token`: Hkv · (Dk + Dv) · dtype bytes, i.e. 2 · Hkv · head dim · dtype bytes when
+        Dk = Dv) · the tokens that layer keeps (`kv_cache_tokens`: T, or min(sliding_window, T) for
+        sliding-window layers, capped further at window + global_tokens for a what-if). Linear/Mamba layers
+        keep a fixed-size state and are not counted."""
+        per_layer = self.kv_cache_bytes_per_token().set_index("layer")["bytes_per_token"]
+        return sum(
+            int(per_layer[layer]) * self.kv_cache_tokens(layer, tokens, window, global_tokens)
+            for layer in self.layers
+        )
+
     def kv_cache_whatif(self, window: int, global_tokens: int = 0) -> pd.DataFrame:
         """Attention mass each head would lose if it kept only the last `window` keys (0 <= i − j < window)
         plus the first `global_tokens` positions. One row per (layer, head): mean_lost, max_lost and p95_lost
-        over real tokens, plus the KV bytes per token of the layer and what the cache would hold at the
-        longest captured length. Computed in linear memory from the capture."""
+        over real tokens, plus the KV bytes per token of the layer and, at the longest captured length T,
+        what that layer's cache holds (`full_cache_bytes`: T tokens, or min(sliding_window, T) for a
+        sliding-window layer) and would hold (`whatif_cache_bytes`: at most window + global_tokens of those,
+        never more than the full cache). The byte columns repeat on every head row of a layer: sum one row per
+        layer for the model's total. Computed in linear memory from the capture."""
         if window < 1 or global_tokens < 0:
             raise ValueError("window must be >= 1 and global_tokens >= 0")
         per_layer = self.kv_cache_bytes_per_token().set_index("layer")["bytes_per_token"]
         longest = int(self.lengths.max()) if len(self.lengths) else 0
         rows = []
         for layer in self.map_layers:
+            full_tokens = self.kv_cache_tokens(layer, longest)
+            kept_tokens = self.kv_cache_tokens(layer, longest, window, global_tokens)
             stats = self._pass(layer, window, global_tokens)
             lost = np.clip(stats["mass"] - stats["kept_mass"], 0.0, None)
             for head in range(self.layers[layer].num_heads):
@@ -504,8 +531,8 @@ class AttentionCapture:
                         "p95_lost": float(np.quantile(values, 0.95)),
                         "max_lost": float(values.max()),
                         "bytes_per_token": int(per_layer[layer]),
-                        "full_cache_bytes": int(per_layer[layer]) * longest,
-                        "whatif_cache_bytes": int(per_layer[layer]) * min(longest, window + global_tokens),
+                        "full_cache_bytes": int(per_layer[layer]) * full_tokens,
+                        "whatif_cache_bytes": int(per_layer[layer]) * kept_tokens,
                     }
                 )
         return pd.DataFrame(rows)

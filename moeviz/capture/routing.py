@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -27,6 +28,17 @@ from moeviz.models.placement import refuse_if_input_too_large
 from moeviz.models.sites import MoESite
 from moeviz.scoring import scores_from_logits, selection_scores
 from moeviz.trace import TOKEN_COLUMNS, LayerRouting, ModelInfo, Trace
+
+# A generous upper bound on the mean characters per token, to refuse a text too long for the context by
+# its size alone, before tokenising it. Tokenizers average ~3–5 characters per token on prose and code;
+# only a text made almost entirely of a vocabulary's longest tokens (runs of spaces or punctuation, a few
+# dozen characters) comes near 64, so a text that fits the context is not refused by this bound.
+MAX_CHARS_PER_TOKEN = 64
+
+
+class RoutingWarning(UserWarning):
+    """The captured routing is implausible: router logits (and so scores) that are not finite (NaN or
+    infinite, e.g. from a NaN router weight), so the experts chosen mean nothing."""
 
 
 @dataclass
@@ -90,6 +102,9 @@ def capture(
         streams = _run(loaded, batch, generate)
     tokens, row_grids = _token_table(loaded, streams)
     layers = [_decode_site(site, i, recorder, streams, row_grids) for i, site in enumerate(loaded.sites)]
+    message = routing_warning(layers)
+    if message is not None:
+        warnings.warn(message, RoutingWarning, stacklevel=2)
     info = ModelInfo(**{**loaded.info.__dict__, "notes": list(loaded.info.notes)})
     for layer in layers:
         if layer.decision_source == "recomputed":
@@ -107,6 +122,29 @@ def capture(
     return Trace(model=info, tokens=tokens, layers=layers, attention=attention_capture)
 
 
+def non_finite_layers(layers: Sequence[LayerRouting]) -> list[str]:
+    """`layer L (site)` of each layer whose router logits hold a NaN or an infinity (its scores, computed
+    from them, then do too)."""
+    bad = []
+    for routing in layers:
+        # a NaN or an infinity makes the sum non-finite; an fp64 sum of fp32 values cannot overflow
+        if not np.isfinite(routing.logits.sum(dtype=np.float64)):
+            bad.append(f"layer {routing.layer} ({routing.site})")
+    return bad
+
+
+def routing_warning(layers: Sequence[LayerRouting]) -> str | None:
+    """The warning `capture` gives (as a `RoutingWarning`) for router scores that are not finite, naming the
+    layers; None when every layer's are."""
+    bad = non_finite_layers(layers)
+    if not bad:
+        return None
+    return (
+        f"router scores are not finite (NaN or infinite) in {', '.join(bad)}: the experts chosen there "
+        "mean nothing; check the checkpoint's router weights (and the dtype it was loaded at)"
+    )
+
+
 # ---- input ----------------------------------------------------------------------------------------------
 def token_batch(loaded: LoadedModel, texts, token_ids) -> list[list[int]]:
     """Validated token ids, one list per sequence, from texts (tokenized) or token ids."""
@@ -118,6 +156,7 @@ def token_batch(loaded: LoadedModel, texts, token_ids) -> list[list[int]]:
         texts = [texts] if isinstance(texts, str) else list(texts)
         if not texts or any(not t for t in texts):
             raise InputError("empty text: give at least one non-empty text")
+        _refuse_by_size(loaded, texts)
         batch = [list(loaded.tokenizer(t)["input_ids"]) for t in texts]
     else:
         batch = [list(token_ids)] if token_ids and isinstance(token_ids[0], (int, np.integer)) else token_ids
@@ -129,6 +168,22 @@ def token_batch(loaded: LoadedModel, texts, token_ids) -> list[list[int]]:
     if bad:
         raise InputError(f"token ids out of range [0, {vocab}): {bad[:10]}")
     return batch
+
+
+def _refuse_by_size(loaded: LoadedModel, texts: list[str]) -> None:
+    """PromptTooLongError for a text with more characters than the model's context can hold at
+    MAX_CHARS_PER_TOKEN, before it is tokenised: tokenising 50 MB of text takes ~45 s and ~8 GB only to
+    find it too long."""
+    limit = loaded.max_length
+    if limit is None:
+        return
+    longest = max(len(t) for t in texts)
+    if longest > limit * MAX_CHARS_PER_TOKEN:
+        at_least = -(-longest // MAX_CHARS_PER_TOKEN)
+        raise PromptTooLongError(
+            f"prompt (at least {at_least:,} tokens: {longest:,} characters, at most {MAX_CHARS_PER_TOKEN} "
+            f"per token) exceeds the model's context length of {limit} tokens"
+        )
 
 
 def _check_lengths(loaded: LoadedModel, batch: list[list[int]], generate: int) -> None:

@@ -1,5 +1,6 @@
 """Charts: one small pure function per view, a frame in, an `alt.Chart` out (no Streamlit, no torch)."""
 
+from moeviz.charts._common import INK, PAPER
 from moeviz.charts.about import bias_chart
 from moeviz.charts.attention import (
     HEAD_METRICS,
@@ -14,7 +15,14 @@ from moeviz.charts.attention import (
 )
 from moeviz.charts.binning import bin_rows, bin_size, binned_dispatch_heatmap
 from moeviz.charts.compare import agreement_chart, load_shift_heatmap
-from moeviz.charts.load import UNIFORM_VALUE, balance_chart, load_heatmap
+from moeviz.charts.load import (
+    AUX_LOSS_FORMS,
+    UNIFORM_VALUE,
+    aux_loss_chart,
+    aux_loss_frame,
+    balance_chart,
+    load_heatmap,
+)
 from moeviz.charts.routing import (
     TOKEN_SELECTION,
     expert_load_chart,
@@ -39,10 +47,13 @@ from moeviz.charts.structure import coactivation_heatmap, path_chart, repetition
 from moeviz.charts.tables import dead_hot_experts, stack_scores, token_options
 
 __all__ = [
+    "AUX_LOSS_FORMS",
     "EXPERT_BRUSH",
     "HEAD_METRICS",
     "HEAD_SELECTION",
+    "INK",
     "MAX_CATEGORICAL",
+    "PAPER",
     "TOKEN_SELECTION",
     "UNIFORM_VALUE",
     "agreement_chart",
@@ -50,6 +61,8 @@ __all__ = [
     "attention_map_chart",
     "attention_row_chart",
     "attention_row_frame",
+    "aux_loss_chart",
+    "aux_loss_frame",
     "balance_chart",
     "bias_chart",
     "bin_rows",

@@ -1,10 +1,17 @@
-"""Pieces several chart modules share: layer row labels and the log₂ fold-change colour of the heatmaps."""
+"""Pieces several chart modules share: layer row labels, the log₂ fold-change colour of the heatmaps and the
+two theme colours (INK, PAPER)."""
 
 from __future__ import annotations
 
 import altair as alt
 import numpy as np
 import pandas as pd
+
+# Outlines, rules and labels drawn over the page background (not over a coloured cell): dark on the light
+# theme; the app swaps this exact value for a light one on the dark theme (`components.exports`).
+INK = "#111111"
+# Thin separators between heatmap cells: the page background (the app swaps it on the dark theme too).
+PAPER = "white"
 
 
 def layer_labels(frame: pd.DataFrame) -> list[str]:
@@ -27,5 +34,6 @@ def log2_fold_colour(field: str, title: str) -> alt.Color:
     return alt.Color(
         f"{field}:Q",
         scale=alt.Scale(scheme="redblue", reverse=True, domain=[-3, 3], domainMid=0),
-        legend=alt.Legend(title=title, values=[-3, -1, 0, 1, 3]),
+        # long enough for its five labels (Vega hides touching legend labels)
+        legend=alt.Legend(title=title, values=[-3, -1, 0, 1, 3], gradientLength=160, labelOverlap=False),
     )

@@ -4,6 +4,8 @@ ever needed: maps arrive as blocks the caller asked for)."""
 
 from __future__ import annotations
 
+import math
+
 import altair as alt
 import numpy as np
 import pandas as pd
@@ -40,6 +42,25 @@ HEAD_METRICS: dict[str, tuple[str, str, str]] = {
 }
 
 
+# Colour domains of the head grids. Masses are shares of a probability row: always [0, 1], so 0.99999999 and
+# 1.00000003 are the same colour. Entropy (nats) and mean distance (tokens) start at 0 and end at their
+# largest possible value for the longest sequence T (log T and T − 1), or, without T, at the largest value
+# shown but never below one bit (log 2 nats) or one token: floating-point noise never spans the scale.
+_MASS_METRICS = ("mean_sink_mass", "mean_local_mass")
+_MIN_TOP = {"mean_entropy": math.log(2), "mean_mean_distance": 1.0}
+
+
+def head_metric_domain(metric: str, values: pd.Series, num_tokens: int | None = None) -> list[float]:
+    """The colour domain [lo, hi] of a head-grid metric (see `head_metric_heatmap`)."""
+    if metric in _MASS_METRICS:
+        return [0.0, 1.0]
+    finite = values[np.isfinite(values)] if len(values) else values
+    top = max(float(finite.max()) if len(finite) else 0.0, _MIN_TOP[metric])
+    if num_tokens is not None and num_tokens > 1:
+        top = max(top, math.log(num_tokens) if metric == "mean_entropy" else float(num_tokens - 1))
+    return [0.0, top]
+
+
 def head_grid_frame(head_summary: pd.DataFrame) -> pd.DataFrame:
     """`AttentionCapture.head_summary()` with every layer that has no map spread over all head columns
     (value NaN, kind "no map", its reason), so the grid shows such layers as one labelled row."""
@@ -56,7 +77,12 @@ def head_grid_frame(head_summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def head_metric_heatmap(
-    head_summary: pd.DataFrame, metric: str, *, selectable: bool = True, title: str | None = None
+    head_summary: pd.DataFrame,
+    metric: str,
+    *,
+    selectable: bool = True,
+    title: str | None = None,
+    num_tokens: int | None = None,
 ) -> alt.LayerChart:
     """Layer × head heatmap of one head-summary metric (a column named in `HEAD_METRICS`).
 
@@ -64,6 +90,12 @@ def head_metric_heatmap(
     a map have head −1). Heads run along x, layers down y; colour = the metric, the head's kind is written in
     the cell (S = sink, L = local, G = global); layers without a map are grey with their reason on hover.
     With `selectable`, clicking a cell selects the head (point selection `head` over layer and head).
+
+    Colour domain (`head_metric_domain`), fixed by the statistic so that floating-point noise is never
+    painted as a full colour range and grids of different layers and models compare: sink and local mass
+    [0, 1] (shares of a probability row); entropy [0, log T] nats and mean distance [0, T − 1] tokens with
+    `num_tokens` = T, the longest sequence (the largest values a head can reach). Without `num_tokens` the
+    scale runs from 0 to the largest value shown, but at least log 2 nats (one bit) or one token.
     """
     if metric not in HEAD_METRICS:
         raise ValueError(f"unknown metric {metric!r}; one of {sorted(HEAD_METRICS)}")
@@ -96,7 +128,13 @@ def head_metric_heatmap(
         color=alt.condition(
             f"datum.kind == '{NO_MAP}'",
             alt.value("#d9d9d9"),
-            alt.Color("value:Q", scale=alt.Scale(scheme=scheme), legend=alt.Legend(title=None)),
+            alt.Color(
+                "value:Q",
+                scale=alt.Scale(
+                    scheme=scheme, domain=head_metric_domain(metric, data["value"], num_tokens), clamp=True
+                ),
+                legend=alt.Legend(title=None),
+            ),
         )
     )
     if selectable:

@@ -52,3 +52,57 @@ def importance_chart(frame: pd.DataFrame, *, title: str | None = None) -> alt.Ch
         )
         .properties(width=140, height=180)
     )
+
+
+def position_delta_chart(frame: pd.DataFrame, *, title: str | None = None) -> alt.LayerChart:
+    """Δ log-prob of the actual next token at each position (bars; orange where the token's routing
+    changed at some MoE layer), the intervened position(s) marked by a dashed rule.
+
+    `frame`: `Counterfactual.position_frame()` (pos, token, next_token, delta, intervened, routing_changed,
+    ...). Positions where every token is intervened on get no rule (the subtitle says so)."""
+    data = frame.assign(
+        label=[token_label(int(p), str(t)) for p, t in zip(frame["pos"], frame["token"], strict=True)],
+        routing=frame["routing_changed"].map({True: "changed", False: "same"}),
+    )
+    marked = data[data["intervened"]]
+    every = len(data) > 0 and len(marked) == len(data)
+    size = max(1, min(14, 640 // max(len(data), 1) - 1))
+    x = alt.X("pos:Q", title="position t (Δ log p of token t+1)", scale=alt.Scale(nice=False, padding=8))
+    bars = (
+        alt.Chart(data)
+        .mark_bar(size=size)
+        .encode(
+            x=x,
+            y=alt.Y("delta:Q", title="Δ log p (nats)"),
+            color=alt.Color(
+                "routing:N",
+                scale=alt.Scale(domain=["same", "changed"], range=["#4c78a8", "#f58518"]),
+                title="routing at t",
+            ),
+            tooltip=[
+                "label:N",
+                alt.Tooltip("next_token:N", title="next token"),
+                alt.Tooltip("logprob_before:Q", format=".4f"),
+                alt.Tooltip("logprob_after:Q", format=".4f"),
+                alt.Tooltip("delta:Q", format="+.4f"),
+                "routing:N",
+            ],
+        )
+    )
+    zero = alt.Chart(pd.DataFrame({"y": [0.0]})).mark_rule(color="grey").encode(y="y:Q")
+    layers = [zero, bars]
+    if len(marked) and not every:
+        rules = (
+            alt.Chart(marked.assign(what="intervened"))
+            .mark_rule(color="#d62728", strokeDash=[4, 3], strokeWidth=1.5)
+            .encode(x=x, tooltip=["label:N", "what:N"])
+        )
+        layers.append(rules)
+    subtitle = (
+        "intervened at every position" if every else "dashed: the intervened position" if len(marked) else ""
+    )
+    return alt.layer(*layers).properties(
+        title=alt.Title(title or "Effect on every next-token prediction", subtitle=subtitle),
+        height=220,
+        width="container",
+    )

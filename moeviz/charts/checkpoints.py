@@ -12,6 +12,7 @@ import pandas as pd
 
 from moeviz.charts._common import layer_labels, log2_fold, log2_fold_colour
 from moeviz.charts.routing import _FIT_WIDTH
+from moeviz.charts.scale import MAX_CATEGORICAL
 
 TIMELINE_INDICATORS = {
     "load_entropy": "normalised load entropy H(f) / log E",
@@ -21,6 +22,7 @@ TIMELINE_INDICATORS = {
 }
 SATURATION_KINDS = {"topk": "saturation_topk", "top1": "saturation_top1"}
 LEVEL_COLOURS = {"warning": "#f2a541", "collapsed": "#e4572e"}
+CELL = 22  # px a category of the domain specialisation heatmap: room for one 12 px label
 
 
 def _checkpoint_x(frame: pd.DataFrame) -> alt.X:
@@ -38,15 +40,22 @@ def _lines(
     tooltip: list[alt.Tooltip] | None = None,
 ) -> alt.Chart:
     """One line per layer (`row`) of `value` over the checkpoints; the tooltip defaults to checkpoint, layer
-    and the value."""
+    and the value. Over 20 layers (DeepSeek-V3: 58) the colour is a sequential scale of the layer number,
+    not a categorical legend that repeats its colours."""
     y_scale = alt.Scale(domain=domain) if domain else alt.Undefined
+    color = alt.Color("row:N", title="MoE layer", sort=alt.EncodingSortField("layer"))
+    detail = alt.Undefined
+    if data["row"].nunique() > MAX_CATEGORICAL:
+        color = alt.Color("layer:Q", title="MoE layer", scale=alt.Scale(scheme="viridis"))
+        detail = alt.Detail("row:N")
     return (
         alt.Chart(data)
         .mark_line(point=True)
         .encode(
             x=_checkpoint_x(data),
             y=alt.Y(f"{value}:Q", title=title, scale=y_scale),
-            color=alt.Color("row:N", title="MoE layer", sort=alt.EncodingSortField("layer")),
+            color=color,
+            detail=detail,
             tooltip=tooltip
             or [
                 alt.Tooltip("checkpoint:N"),
@@ -193,12 +202,17 @@ def domain_specialisation_heatmap(specialisation: pd.DataFrame) -> alt.Chart:
     data["log2_lift"] = log2_fold(data["lift"])
     data["row"] = layer_labels(data)
     domains = int(data["domain"].nunique()) if len(data) else 1
+    experts = int(data["expert"].nunique())
+    # CELL px a column and a row: Streamlit's 12 px labels need that much not to touch (at 16 px a row two
+    # domain labels touched and Vega's overlap removal hid one: bible_es); ids of 3 digits stand upright.
+    width = max(260, CELL * experts)  # wider than 260 (over 11 experts): one panel a row, to fit the page
+    angle = -90 if len(data) and int(data["expert"].max()) >= 100 else 0
     return (
         alt.Chart(data)
         .mark_rect(stroke="white", strokeWidth=0.5)
         .encode(
-            x=alt.X("expert:O", axis=alt.Axis(labelAngle=0)),
-            y=alt.Y("domain:N", title=None),
+            x=alt.X("expert:O", axis=alt.Axis(labelAngle=angle, labelOverlap=False)),
+            y=alt.Y("domain:N", title=None, axis=alt.Axis(labelOverlap=False, labelLimit=0)),
             color=log2_fold_colour("log2_lift", "log₂ lift"),
             tooltip=[
                 alt.Tooltip("row:N", title="MoE layer"),
@@ -209,7 +223,10 @@ def domain_specialisation_heatmap(specialisation: pd.DataFrame) -> alt.Chart:
                 alt.Tooltip("lift:Q", format=".2f"),
             ],
         )
-        .properties(width=260, height=16 * domains)
-        .facet(facet=alt.Facet("row:N", title="MoE layer", sort=alt.EncodingSortField("layer")), columns=2)
+        .properties(width=width, height=CELL * domains)
+        .facet(
+            facet=alt.Facet("row:N", title="MoE layer", sort=alt.EncodingSortField("layer")),
+            columns=2 if width <= 260 else 1,
+        )
         .properties(title="Domain specialisation (lift over chance)")
     )

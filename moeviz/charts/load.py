@@ -93,3 +93,109 @@ def balance_chart(balance: pd.DataFrame, metric: str, *, title: str | None = Non
         .encode(x=x, y="uniform:Q", tooltip=[alt.Tooltip("uniform:Q", format=".3f", title="uniform load")])
     )
     return alt.layer(bars, uniform).properties(title=title or metric, height=180, autosize=_FIT_WIDTH)
+
+
+# The balancing losses of `moeviz.analysis.loss_frame`, unscaled (α = 1): column -> (form and source, its
+# value under perfectly even load: "1", or "k" = the layer's slots per token). Even load means f_e = k/E for
+# every expert (f not divided by k), and then E · Σ_e f_e P_e = k · Σ_e P_e = k whatever P; the forms that
+# divide f by k give 1 (docs/routing-metrics.md, "Balancing losses").
+AUX_LOSS_FORMS = {
+    "aux_loss_top1": ("Switch Transformers / GShard, E·Σ_e f_e·P_e with f from each token's top-1", "1"),
+    "aux_loss_topk": (
+        "the top-k generalisation (transformers' load_balancing_loss_func, Mixtral): f from the "
+        "top-k, not divided by k",
+        "k",
+    ),
+    "aux_loss_megatron": (
+        "Megatron-Core since mid-2025: the top-k form with f divided by k, aux_loss_topk / k",
+        "1",
+    ),
+    "aux_loss_dispatched": (
+        "Megatron-Core's routing-map form before mid-2025: f from the experts actually dispatched (after a "
+        "balancing bias, group limits and capacity drops), here not divided by k",
+        "k",
+    ),
+    "seq_aux_loss": (
+        "DeepSeek-V3 sequence-wise balance loss: per sequence f_i = E/(kT)·(tokens on i), P from "
+        "the scores normalised per token, mean over sequences",
+        "1",
+    ),
+}
+
+
+def aux_loss_frame(losses: pd.DataFrame) -> pd.DataFrame:
+    """One row per layer: each balancing loss of AUX_LOSS_FORMS next to its balanced value (column
+    `<form>_balanced`: 1 or k), and the router z-loss (no balanced value: it measures the size of the logits).
+
+    Input: `moeviz.analysis.loss_frame(trace)` (columns layer, site, experts, top_k, aux_loss_top1,
+    aux_loss_topk, aux_loss_dispatched, seq_aux_loss, z_loss). `aux_loss_megatron` = aux_loss_topk / k.
+    """
+    data = losses[["layer", "site", "experts", "top_k"]].copy()
+    k = losses["top_k"].astype(np.float64)
+    for column, (_, balanced) in AUX_LOSS_FORMS.items():
+        values = losses["aux_loss_topk"] / k if column == "aux_loss_megatron" else losses[column]
+        data[column] = values.astype(np.float64)
+        data[f"{column}_balanced"] = k if balanced == "k" else 1.0
+    data["z_loss"] = losses["z_loss"].astype(np.float64)
+    return data.reset_index(drop=True)
+
+
+def aux_loss_chart(losses: pd.DataFrame, *, title: str | None = None) -> alt.LayerChart:
+    """One row per layer: each balancing loss as a multiple of its balanced value (1 = even load), one point
+    per form, with a rule at 1.
+
+    Input: `aux_loss_frame(...)`. The Megatron-Core form is left out: its ratio equals the top-k form's.
+    Right of the rule = the experts that get most tokens also get most router probability (uneven load,
+    which the loss penalises); left of it is possible only when the busiest experts get little probability.
+    """
+    forms = [c for c in AUX_LOSS_FORMS if c != "aux_loss_megatron"]
+    rows = []
+    labels = layer_labels(losses)
+    for (_, row), label in zip(losses.iterrows(), labels, strict=True):
+        for column in forms:
+            balanced = float(row[f"{column}_balanced"])
+            rows.append(
+                {
+                    "row": label,
+                    "layer": int(row["layer"]),
+                    "form": column,
+                    "value": float(row[column]),
+                    "balanced": balanced,
+                    "ratio": float(row[column]) / balanced,
+                }
+            )
+    data = pd.DataFrame(rows, columns=["row", "layer", "form", "value", "balanced", "ratio"])
+    y = alt.Y("row:O", title="MoE layer", sort=alt.EncodingSortField("layer"))
+    points = (
+        alt.Chart(data)
+        .mark_point(filled=True, size=60, opacity=0.85)
+        .encode(
+            x=alt.X(
+                "ratio:Q", title="loss ÷ its balanced value (1 = even load)", scale=alt.Scale(zero=False)
+            ),
+            y=y,
+            color=alt.Color("form:N", scale=alt.Scale(domain=forms), legend=alt.Legend(orient="bottom")),
+            shape=alt.Shape("form:N", scale=alt.Scale(domain=forms), legend=None),
+            tooltip=[
+                alt.Tooltip("row:O", title="layer"),
+                alt.Tooltip("form:N"),
+                alt.Tooltip("value:Q", format=".4f", title="loss"),
+                alt.Tooltip("balanced:Q", format="g", title="balanced value"),
+                alt.Tooltip("ratio:Q", format=".3f", title="÷ balanced"),
+            ],
+        )
+    )
+    rule = (
+        alt.Chart(pd.DataFrame({"ratio": [1.0]}))
+        .mark_rule(color="#e4572e", strokeDash=[4, 2], strokeWidth=2)
+        .encode(x="ratio:Q")
+    )
+    layers = int(data["row"].nunique()) if len(data) else 1
+    return alt.layer(rule, points).properties(
+        title=alt.Title(
+            title or "Balancing losses per layer",
+            subtitle="each loss ÷ its value under perfectly even load; dashed line = even load",
+        ),
+        height=min(max(22 * layers, 100), 900),
+        autosize=_FIT_WIDTH,
+    )

@@ -8,6 +8,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from moeviz.charts._common import INK
 from moeviz.charts.scale import MAX_CATEGORICAL, add_expert_colour_fields, expert_colour
 
 DOT = "●"
@@ -76,7 +77,7 @@ def router_score_heatmap(
     max_tokens × experts cells. The subtitle says which window is shown.
 
     With `selectable`, clicking a cell selects its token: a point selection named `token` over the
-    fields seq and pos (`TOKEN_SELECTION`), for hosts that react to selections.
+    fields seq, pos and expert (`TOKEN_SELECTION`), for hosts that react to selections.
 
     `experts`: draw only these experts, in this order along y (for hundreds of experts: e.g. the top-N by
     load from `moeviz.analysis.expert_order`, plus the chosen one); all experts by id when None.
@@ -131,7 +132,9 @@ def router_score_heatmap(
     )
     if selectable:
         cells_layer = cells_layer.add_params(
-            alt.selection_point(name=TOKEN_SELECTION, fields=["seq", "pos"], on="click", clear="dblclick")
+            alt.selection_point(
+                name=TOKEN_SELECTION, fields=["seq", "pos", "expert"], on="click", clear="dblclick"
+            )
         )
     dot_size = 11 if hi - lo <= 80 else 8 if hi - lo <= 200 else 6  # fewer, wider cells take a bigger dot
     dots = _dispatch_dots(base, dot_size)
@@ -212,7 +215,7 @@ def expert_load_chart(
         data["count_high"] = experts.map(band["share_high"]) * slots
         layers.append(
             alt.Chart()
-            .mark_rule(color="#222222", strokeWidth=1.5)
+            .mark_rule(color=INK, strokeWidth=1.5)
             .encode(
                 x=alt.X("bar:N", sort=order),
                 y=alt.Y("count_low:Q", title="tokens dispatched"),
@@ -294,12 +297,15 @@ def token_strip_chart(
         ],
     )
     boxes = base.mark_rect(stroke="white", strokeWidth=2, cornerRadius=3).encode(color=colour)
-    text = base.mark_text(fontSize=12, color="black").encode(text="text:N")
+    # a label never spills into its neighbours on a narrow page: cut to its box, with an ellipsis (hover
+    # shows the whole token); `width` is the view's width as laid out in the page
+    limit = alt.ExprRef(expr=f"max(width / {per_line} - 6, 8)")
+    text = base.mark_text(fontSize=12, color="black", limit=limit).encode(text="text:N")
     lines = int(data["line"].nunique()) if len(data) else 1
     marks = [boxes, text]
     if highlight is not None:
         chosen = base.transform_filter(f"datum.expert == {int(highlight)}")
-        marks.insert(1, chosen.mark_rect(filled=False, stroke="black", strokeWidth=2.5, cornerRadius=3))
+        marks.insert(1, chosen.mark_rect(filled=False, stroke=INK, strokeWidth=2.5, cornerRadius=3))
     return alt.layer(*marks, data=data).properties(
         title=alt.Title(title or "Tokens by top-1 expert", subtitle=_window_subtitle(lo, hi, len(tokens))),
         height=min(28 * lines, 900),
@@ -408,7 +414,13 @@ def token_path_chart(token_routing: pd.DataFrame, *, title: str | None = None) -
     )
     line = base.transform_filter("datum.rank == 0").mark_line(color="#888", strokeDash=[4, 3])
     dots = base.mark_circle(opacity=0.9).encode(
-        size=alt.Size("weight:Q", scale=alt.Scale(domain=[0, 1], range=[30, 500]), title="weight"),
+        # three legend entries: the legend never grows taller than the chart (it would be cut)
+        size=alt.Size(
+            "weight:Q",
+            scale=alt.Scale(domain=[0, 1], range=[30, 500]),
+            legend=alt.Legend(values=[0.25, 0.5, 1.0]),
+            title="weight",
+        ),
         color=alt.Color("rank:O", title="rank", scale=alt.Scale(scheme="viridis")),
         tooltip=[
             alt.Tooltip("layer:O"),

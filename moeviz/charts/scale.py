@@ -20,11 +20,11 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from moeviz.charts._common import layer_labels, log2_fold, log2_fold_colour
+from moeviz.charts._common import INK, layer_labels, log2_fold, log2_fold_colour
 
 MAX_CATEGORICAL = 20  # the most experts (or groups) a categorical legend may list
 EXPERT_BRUSH = "experts"  # name of the overview's interval selection over expert positions
-HIGHLIGHT = "#111111"
+HIGHLIGHT = INK  # the chosen expert's outline and label
 DOT_COLOUR = "#e4572e"  # dispatched (layer, expert) cells, as in the routing heatmaps
 _FIT_WIDTH = alt.AutoSizeParams(type="fit-x", contains="padding")
 
@@ -139,9 +139,6 @@ def _layer_rows(frame: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
 
 
 # ---- layer × expert heatmap with overview + detail -------------------------------------------------------
-LOG2_FOLD_EXPR = "log(clamp(datum.value, 0.125, 8)) / LN2"  # `log2_fold` of `value`, computed by Vega
-
-
 def _value_colour(value: str) -> alt.Color:
     """Colour of a heatmap value: utilisation on the log₂ fold scale of its `log2_value` (white = fair
     share, see LOG2_FOLD_EXPR), anything else on a sequential scale of `value`."""
@@ -226,20 +223,36 @@ def layer_expert_heatmap(
     brush = alt.selection_interval(name=EXPERT_BRUSH, encodings=["x"])
     x_labels = None if order is None and ids == list(range(len(ids))) else ids
     y_scale = alt.Scale(domain=[-0.5, num_rows - 0.5], reverse=True, nice=False, zero=False)
+    # Cell edges and the log₂ colour computed here, not by Vega: the browser evaluates a Vega expression
+    # per datum through its CSP-safe interpreter (slow at tens of thousands of cells). For the same reason
+    # the outlined and dotted cells get their own small data, not a filter over every cell.
+    half = 0.5
+    data["x0"], data["x1"] = data["pos"] - half, data["pos"] + half
+    data["y0"], data["y1"] = data["row"] - half, data["row"] + half
+    if value == "utilisation":
+        data["log2_value"] = log2_fold(data["value"])
 
-    def view(x_scale: alt.Scale, x_axis: alt.Axis, y_axis: alt.Axis | None) -> alt.Chart:
-        return alt.Chart().encode(
+    def view(x_scale: alt.Scale, x_axis: alt.Axis, y_axis: alt.Axis | None, **kwargs) -> alt.Chart:
+        return alt.Chart(**kwargs).encode(
             x=alt.X("x0:Q", scale=x_scale, axis=x_axis),
             x2="x1",
             y=alt.Y("y0:Q", scale=y_scale, axis=y_axis),
             y2="y1",
         )
 
+    def outline(x_scale: alt.Scale, x_axis: alt.Axis, y_axis: alt.Axis | None, clip: bool = False) -> list:
+        if highlight is None:
+            return []
+        cells = data.loc[data["expert"].to_numpy() == int(highlight), ["expert", "x0", "x1", "y0", "y1"]]
+        outlined = view(x_scale, x_axis, y_axis, data=cells)
+        return [outlined.mark_rect(filled=False, stroke=HIGHLIGHT, strokeWidth=1.5, clip=clip)]
+
     full = alt.Scale(domain=[-0.5, len(ids) - 0.5], nice=False, zero=False)
-    overview_base = view(full, _position_axis(f"{sorted_by} — drag to zoom", x_labels), None)
+    overview_axis = _position_axis(f"{sorted_by} — drag to zoom", x_labels)
+    # no tooltip in the overview (a cell is a pixel or two wide): the detail below has them
     overview = alt.layer(
-        overview_base.mark_rect().encode(color=colour, tooltip=tooltip).add_params(brush),
-        *_highlight_cells(overview_base, highlight),
+        view(full, overview_axis, None).mark_rect().encode(color=colour).add_params(brush),
+        *outline(full, overview_axis, None),
     ).properties(
         width=width,
         height=min(max(2 * num_rows, 40), 120),
@@ -247,18 +260,19 @@ def layer_expert_heatmap(
     )
     detail_scale = alt.Scale(domain={"param": EXPERT_BRUSH, "encoding": "x"}, nice=False, zero=False)
     layer_axis = _position_axis("MoE layer", labels, labelFontSize=9)
-    detail_base = view(detail_scale, _position_axis(sorted_by, x_labels), layer_axis)
+    detail_axis = _position_axis(sorted_by, x_labels)
     detail_parts = [
-        detail_base.mark_rect(clip=True).encode(color=colour, tooltip=tooltip),
-        *_highlight_cells(detail_base, highlight, clip=True),
+        view(detail_scale, detail_axis, layer_axis)
+        .mark_rect(clip=True)
+        .encode(color=colour, tooltip=tooltip),
+        *outline(detail_scale, detail_axis, layer_axis, clip=True),
     ]
     if dots:  # dispatched cells: a dot at the cell centre, in the detail only (a pixel wide in the overview)
         detail_parts.append(
-            alt.Chart()
-            .transform_filter("datum.dispatched")
+            alt.Chart(data[data["dispatched"].to_numpy()])
             .mark_circle(color=DOT_COLOUR, size=28, opacity=1, clip=True)
             .encode(
-                x=alt.X("pos:Q", scale=detail_scale, axis=_position_axis(sorted_by, x_labels)),
+                x=alt.X("pos:Q", scale=detail_scale, axis=detail_axis),
                 y=alt.Y("row:Q", scale=y_scale, axis=layer_axis),
                 tooltip=tooltip,
             )
@@ -266,20 +280,10 @@ def layer_expert_heatmap(
     detail = alt.layer(*detail_parts).properties(
         width=width, height=min(max(12 * num_rows, 120), 760), title="Detail: brushed experts (all when none)"
     )
-    # cell edges and the log₂ colour are computed by Vega: fewer columns shipped per (layer, expert)
     # (passed to the constructor: each altair method call deep-copies the whole chart)
-    edges = {
-        "x0": "datum.pos - 0.5",
-        "x1": "datum.pos + 0.5",
-        "y0": "datum.row - 0.5",
-        "y1": "datum.row + 0.5",
-    }
-    if value == "utilisation":
-        edges["log2_value"] = LOG2_FOLD_EXPR
     return alt.VConcatChart(
         vconcat=[overview, detail],
         data=data,
-        transform=[alt.CalculateTransform(calculate=expr, **{"as": name}) for name, expr in edges.items()],
         resolve=alt.Resolve(scale=alt.ScaleResolveMap(color="shared")),
     )
 
@@ -430,16 +434,38 @@ def token_rank_path_chart(
 
 
 # ---- load of many experts as a sorted curve --------------------------------------------------------------
+def _utilisation_bands(data: pd.DataFrame, bands: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's bootstrap band of `bands` (columns expert, share, share_low, share_high) as utilisation
+    (low, high), aligned to `data`'s rows by expert. The factor utilisation / share (E for
+    `expert_balance_frame`: u = c/(kT/E), f = c/(kT)) is read from the experts with a load, E otherwise."""
+    band = bands.drop_duplicates("expert").set_index("expert")
+    share = data["expert"].map(band["share"]).to_numpy(np.float64)
+    util = data["utilisation"].to_numpy(np.float64)
+    known = np.isfinite(share) & np.isfinite(util) & (share > 0)
+    factor = float(np.median(util[known] / share[known])) if known.any() else float(len(data))
+    low = data["expert"].map(band["share_low"]).to_numpy(np.float64) * factor
+    high = data["expert"].map(band["share_high"]).to_numpy(np.float64) * factor
+    return low, high
+
+
 def expert_load_curve_chart(
-    balance_rows: pd.DataFrame, *, highlight: int | None = None, title: str | None = None
+    balance_rows: pd.DataFrame,
+    *,
+    highlight: int | None = None,
+    title: str | None = None,
+    bands: pd.DataFrame | None = None,
 ) -> alt.LayerChart:
     """One layer's expert load as a sorted curve (busiest first) against the fair share, instead of E bars.
 
     Input: the rows of `moeviz.analysis.expert_balance_frame(trace)` for one (layer, site): columns expert,
     count, utilisation (count / (kT/E): 1 = fair share), share optional, dead optional. Dropped slots are
     not experts and are not drawn. y = utilisation (log scale would hide the dead: linear, dead at 0); a
-    dashed rule at 1 (the fair share). `highlight`: an expert marked on the curve with its id. One row per
-    expert.
+    dashed rule at 1 (the fair share). `highlight`: an expert marked on the curve with its id.
+
+    `bands`: the layer's bootstrap bands (columns expert, share, share_low, share_high: the frame of
+    `moeviz.analysis.null.expert_confidence_frame` for one layer, or the app's `layer_load_bands`): a light
+    band from each expert's low to high utilisation (share × utilisation/share, i.e. × E), at the expert's
+    rank on the curve; the tooltip gains the band. One row per expert, bands included.
     """
     frame = balance_rows[balance_rows["expert"] >= 0]
     counts = frame["count"].to_numpy(dtype=np.float64)
@@ -458,12 +484,22 @@ def expert_load_curve_chart(
     data["rank"] = np.arange(len(data))
     e = len(data)
     dead = int((data["count"] == 0).sum())
+    if bands is not None:
+        data["util_low"], data["util_high"] = _utilisation_bands(data, bands)
     tooltip = [
         alt.Tooltip("rank:Q", title="rank (0 = busiest)"),
         alt.Tooltip("expert:O"),
         alt.Tooltip("count:Q", title="tokens"),
         *([alt.Tooltip("share:Q", format=".2%")] if "share" in data else []),
         alt.Tooltip("utilisation:Q", format=".2f", title="utilisation (1 = fair)"),
+        *(
+            [
+                alt.Tooltip("util_low:Q", format=".2f", title="band low (utilisation)"),
+                alt.Tooltip("util_high:Q", format=".2f", title="band high (utilisation)"),
+            ]
+            if bands is not None
+            else []
+        ),
     ]
     x = alt.X(
         "rank:Q",
@@ -481,6 +517,15 @@ def expert_load_curve_chart(
     points = base.mark_circle(size=18 if e > 64 else 40, color="#4c78a8", opacity=0.8).encode(tooltip=tooltip)
     fair = alt.Chart().mark_rule(color="#e4572e", strokeDash=[6, 4], strokeWidth=2).encode(y=alt.datum(1.0))
     parts = [area, points, fair]
+    if bands is not None:
+        band = alt.Chart().mark_area(interpolate="step-after", opacity=0.3, color="#9e9e9e")
+        band = band.encode(
+            x=x,
+            y=alt.Y("util_low:Q", title="utilisation (1 = fair share)", axis=alt.Axis(labelOverlap=False)),
+            y2="util_high:Q",
+            tooltip=tooltip,
+        )
+        parts.insert(1, band)
     if highlight is not None:
         chosen = base.transform_filter(f"datum.expert == {int(highlight)}")
         parts += [
@@ -489,6 +534,8 @@ def expert_load_curve_chart(
         ]
     top = data["utilisation"].max() if e else 0
     subtitle = f"{e} experts, {dead} dead, busiest at {top:.2f}× its fair share; dashed = fair share"
+    if bands is not None:
+        subtitle += "; grey = bootstrap band"
     return alt.layer(*parts, data=data).properties(
         title=alt.Title(title or "Expert load, sorted", subtitle=subtitle), height=220, autosize=_FIT_WIDTH
     )

@@ -8,6 +8,15 @@ import pandas as pd
 
 from moeviz.charts.routing import _FIT_WIDTH
 
+CELL = 22  # px a category (expert, path): Streamlit's 12 px labels need that much not to touch
+PANEL_ROW = 760  # px of transition panels side by side; more and they wrap to the next row
+
+
+def _expert_axis(frame: pd.DataFrame, column: str, **kwargs) -> alt.Axis:
+    """An expert axis that keeps every label: upright ids of 3 digits and more (they would touch)."""
+    wide = len(frame) and int(frame[column].max()) >= 100
+    return alt.Axis(labelAngle=-90 if wide else 0, labelOverlap=False, **kwargs)
+
 
 def coactivation_heatmap(coactivation: pd.DataFrame, *, title: str | None = None) -> alt.Chart:
     """Expert × co-expert heatmap of P(co_expert ∈ S_t | expert ∈ S_t) for one layer.
@@ -27,8 +36,8 @@ def coactivation_heatmap(coactivation: pd.DataFrame, *, title: str | None = None
         alt.Chart(data)
         .mark_rect()
         .encode(
-            x=alt.X("co_expert:O", title="co-expert j", axis=alt.Axis(labelAngle=0)),
-            y=alt.Y("expert:O", title="given expert i"),
+            x=alt.X("co_expert:O", title="co-expert j", axis=_expert_axis(data, "co_expert")),
+            y=alt.Y("expert:O", title="given expert i", axis=alt.Axis(labelOverlap=False)),
             color=alt.Color(
                 "coactivation:Q", scale=alt.Scale(scheme="greens", domain=[0, 1]), title="P(j | i)"
             ),
@@ -42,7 +51,7 @@ def coactivation_heatmap(coactivation: pd.DataFrame, *, title: str | None = None
         )
         .properties(
             title=alt.Title(title or "Co-activation", subtitle=subtitle),
-            height=min(max(22 * experts, 140), 520),
+            height=max(CELL * experts, 140),
             autosize=_FIT_WIDTH,
         )
     )
@@ -59,14 +68,16 @@ def transition_heatmaps(transitions: pd.DataFrame, *, title: str | None = None) 
     ].copy()
     data["pair"] = [f"{a} → {b}" for a, b in zip(data["layer"], data["next_layer"], strict=True)]
     data["probability"] = data["probability"].astype(np.float64)
-    experts = int(data["expert"].nunique()) if len(data) else 1
+    experts = int(max(data["expert"].nunique(), data["next_expert"].nunique())) if len(data) else 1
+    # CELL px an expert (at 16 px, capped at 320, Vega hid every other label); as many panels a row as fit.
+    side = max(CELL * experts, 120)
     top1 = "variant" in transitions and set(transitions["variant"]) == {"top1"}
     return (
         alt.Chart(data)
         .mark_rect()
         .encode(
-            x=alt.X("next_expert:O", title="expert at next layer", axis=alt.Axis(labelAngle=0)),
-            y=alt.Y("expert:O", title="expert"),
+            x=alt.X("next_expert:O", title="expert at next layer", axis=_expert_axis(data, "next_expert")),
+            y=alt.Y("expert:O", title="expert", axis=alt.Axis(labelOverlap=False)),
             color=alt.Color("probability:Q", scale=alt.Scale(scheme="oranges", zero=True), title="P"),
             tooltip=[
                 alt.Tooltip("pair:N", title="layers"),
@@ -76,8 +87,11 @@ def transition_heatmaps(transitions: pd.DataFrame, *, title: str | None = None) 
                 alt.Tooltip("count:Q", title="tokens"),
             ],
         )
-        .properties(width=min(max(16 * experts, 120), 320), height=min(max(16 * experts, 120), 320))
-        .facet(facet=alt.Facet("pair:N", title=None, sort=alt.EncodingSortField("layer")), columns=3)
+        .properties(width=side, height=side)
+        .facet(
+            facet=alt.Facet("pair:N", title=None, sort=alt.EncodingSortField("layer")),
+            columns=max(1, min(3, PANEL_ROW // (side + 60))),
+        )
         .properties(
             title=alt.Title(
                 title or "Cross-layer transitions",
@@ -151,7 +165,12 @@ def path_chart(paths: pd.DataFrame, *, title: str | None = None) -> alt.Chart:
         alt.Chart(data)
         .mark_bar(color="#72b7b2")
         .encode(
-            y=alt.Y("label:N", sort=alt.EncodingSortField("rank"), title="top-1 path (layer order)"),
+            y=alt.Y(
+                "label:N",
+                sort=alt.EncodingSortField("rank"),
+                title="top-1 path (layer order)",
+                axis=alt.Axis(labelOverlap=False, labelLimit=0),  # a path of 61 layers is long: all of it
+            ),
             x=alt.X("count:Q", title="tokens"),
             tooltip=[
                 alt.Tooltip("label:N", title="path"),
@@ -161,7 +180,7 @@ def path_chart(paths: pd.DataFrame, *, title: str | None = None) -> alt.Chart:
         )
         .properties(
             title=title or "Most frequent expert paths",
-            height=min(max(18 * len(data), 80), 500),
+            height=max(CELL * len(data), 80),  # at 18 px a bar (capped) Vega hid every other label
             autosize=_FIT_WIDTH,
         )
     )

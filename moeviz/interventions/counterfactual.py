@@ -98,6 +98,70 @@ class Counterfactual:
     def next_logprob_change(self) -> float:
         return self.next_logprob_after - self.next_logprob_before
 
+    @property
+    def intervened_positions(self) -> tuple[int, ...] | None:
+        """Positions the interventions act at (sorted), or None where one acts at every position."""
+        found: set[int] = set()
+        for spec in self.interventions:
+            positions = getattr(spec, "positions", None)
+            if positions is None:
+                return None
+            single = isinstance(positions, (int, np.integer))
+            found.update([int(positions)] if single else map(int, positions))
+        return tuple(sorted(found))
+
+    @property
+    def first_intervened(self) -> int:
+        """The earliest position an intervention acts at (0 where one acts at every position)."""
+        positions = self.intervened_positions
+        return 0 if positions is None else min(positions, default=0)
+
+    def position_frame(self) -> pd.DataFrame:
+        """One row per position t < T-1: Δ log-prob of the prompt's actual next token,
+        delta = log p_after(x_{t+1} | x_≤t) − log p_before(x_{t+1} | x_≤t).
+
+        Columns pos, token (x_t), next_token (x_{t+1}), logprob_before, logprob_after, delta,
+        intervened (an intervention acts at t), after (t ≥ `first_intervened`: a prediction the
+        intervention can reach; earlier ones are 0 exactly in a causal model) and routing_changed (the
+        dispatched experts of x_t changed at some MoE layer, `routing_changes`)."""
+        t = len(self.token_ids)
+        pos = np.arange(max(t - 1, 0))
+        changes = self.routing_changes()
+        changed = set(changes.loc[changes["changed"], "pos"].astype(int))
+        positions = self.intervened_positions
+        return pd.DataFrame(
+            {
+                "pos": pos,
+                "token": self.tokens[:-1],
+                "next_token": self.tokens[1:],
+                "logprob_before": self.logprob_before,
+                "logprob_after": self.logprob_after,
+                "delta": self.logprob_after - self.logprob_before,
+                "intervened": [positions is None or int(p) in positions for p in pos],
+                "after": pos >= self.first_intervened,
+                "routing_changed": [int(p) in changed for p in pos],
+            }
+        )
+
+    @property
+    def deltas_after(self) -> np.ndarray:
+        """Δ log-prob of the actual next token at the positions from `first_intervened` on."""
+        return (self.logprob_after - self.logprob_before)[self.first_intervened :]
+
+    @property
+    def mean_delta_after(self) -> float:
+        """Mean Δ log-prob of the actual next token over the positions from the first intervened one on
+        (`position_frame`'s rows with `after`); NaN where there are none (an intervention at the last
+        token: see `next_logprob_change`)."""
+        delta = self.deltas_after
+        return float(delta.mean()) if len(delta) else float("nan")
+
+    @property
+    def max_abs_delta_after(self) -> float:
+        """Largest |Δ log-prob| over the same positions as `mean_delta_after` (NaN where none)."""
+        delta = self.deltas_after
+        return float(np.abs(delta).max()) if len(delta) else float("nan")
+
     def token_frame(self) -> pd.DataFrame:
         """One row per position: the log-prob of the *next* prompt token before/after and its change."""
         t = len(self.token_ids)

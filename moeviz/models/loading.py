@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import stat
 import struct
 import threading
 from collections.abc import Callable
@@ -11,10 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from moeviz.errors import (
+    CorruptTokenizerError,
     CorruptWeightsError,
+    InvalidConfigError,
     LoadOptionError,
     ModelNotFoundError,
     ModelSourceError,
@@ -31,6 +37,7 @@ from moeviz.models.placement import (
     input_device,
     pick_device,
     placement_summary,
+    read_safetensors_header,
     refuse_if_too_large,
     reporting_progress,
     resolve_dtype,
@@ -148,6 +155,7 @@ def read_source(source: str | Path, *, trust_remote_code: bool = False) -> Sourc
     """Folder, tokenizer, model type and context length of `source` (no weights: cheap checks before a run
     that loads the model elsewhere, e.g. on workers)."""
     folder = resolve_source(source)
+    _check_regular_files(folder)
     tokenizer = _load_tokenizer(folder, trust_remote_code)
     config = _load_config(folder, trust_remote_code)
     return SourceInfo(folder, tokenizer, str(config.model_type), _max_length(config))
@@ -191,12 +199,20 @@ def load_model(
     if device_map is None and (offload_folder is not None or max_memory is not None):
         raise LoadOptionError("offload_folder and max_memory need a device_map (e.g. device_map='auto')")
     folder = resolve_source(source)
+    _check_regular_files(folder)  # before anything is opened: a FIFO would block the open forever
     config = _load_config(folder, trust_remote_code)
+    use_safetensors, headers = _check_weight_files(folder)  # headers only: cheap, and bounds the config
+    _check_config_against_weights(folder, config, headers)
     auto_class = _auto_class(config)
     target = pick_device(device)  # with a device_map, only the dtype rule and messages use it
     load_dtype = resolve_dtype(dtype, config, folder, target)
-    with _LOAD_LOCK, torch.device("meta"):  # find the MoE layers and size the model, no weights allocated
-        skeleton = auto_class.from_config(config, trust_remote_code=trust_remote_code)
+    try:
+        with _LOAD_LOCK, torch.device("meta"):  # find the MoE layers and size the model, no weights allocated
+            skeleton = auto_class.from_config(config, trust_remote_code=trust_remote_code)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError) as exc:
+        raise NotAModelFolderError(
+            f"transformers cannot build a model from {folder}/config.json: {_one_line(exc)}"
+        ) from exc
     if not find_moe_sites(skeleton):
         raise NotMoEModelError(
             f"{folder} holds a dense model ({type(skeleton).__name__}, model_type {config.model_type!r}): "
@@ -209,7 +225,6 @@ def load_model(
     del skeleton
     if check_memory and device_map is None:
         refuse_if_too_large(estimate, str(source))
-    use_safetensors = _check_weight_files(folder)
     if device_map is not None:
         placement = _placement(device_map, offload_folder, max_memory)
     elif target.type != "cpu":
@@ -228,10 +243,12 @@ def load_model(
                 output_loading_info=True,
                 **placement,
             )
-    except (OSError, ValueError, RuntimeError, KeyError, struct.error) as exc:
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError, struct.error, SafetensorError) as exc:
         if device_map is not None:  # the weights were checked above: more likely the map does not fit
-            raise ModelSourceError(f"could not load {folder} with device_map={device_map!r}: {exc}") from exc
-        raise CorruptWeightsError(f"could not read the weights in {folder}: {exc}") from exc
+            raise ModelSourceError(
+                f"could not load {folder} with device_map={device_map!r}: {_one_line(exc)}"
+            ) from exc
+        raise CorruptWeightsError(f"could not read the weights in {folder}: {_one_line(exc)}") from exc
     missing = [k for k in loading_info.get("missing_keys", []) if k]
     if missing:
         shown = ", ".join(sorted(missing)[:5])
@@ -310,19 +327,30 @@ def _load_config(folder: Path, trust_remote_code: bool):
     try:
         raw = json.loads((folder / "config.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise NotAModelFolderError(f"{folder}/config.json is not valid JSON: {exc}") from exc
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
+        raise NotAModelFolderError(f"{folder}/config.json is not valid JSON ({reason})") from exc
+    if not isinstance(raw, dict):
+        raise NotAModelFolderError(f"{folder}/config.json is not a JSON object")
     try:
-        return AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(
+            folder, local_files_only=True, trust_remote_code=trust_remote_code
+        )
     except ValueError as exc:
         builtin = None if trust_remote_code else _builtin_config_for(raw)
-        if builtin is not None:
-            return builtin
-        hint = (
-            ""
-            if trust_remote_code
-            else " If the folder ships its own modelling code, pass trust_remote_code."
-        )
-        raise ModelSourceError(f"transformers cannot build the model in {folder}: {exc}.{hint}") from exc
+        if builtin is None:
+            hint = (
+                ""
+                if trust_remote_code
+                else " If the folder ships its own modelling code, pass trust_remote_code."
+            )
+            raise ModelSourceError(
+                f"transformers cannot build the model in {folder}: {_one_line(exc)}.{hint}"
+            ) from exc
+        config = builtin
+    except (TypeError, KeyError, IndexError, AttributeError, OSError) as exc:
+        raise NotAModelFolderError(f"{folder}/config.json is unusable: {_one_line(exc)}") from exc
+    _check_config(folder, config)
+    return config
 
 
 def _builtin_config_for(raw: dict):
@@ -350,13 +378,17 @@ def _auto_class(config):
     return AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
 
 
-def _check_weight_files(folder: Path) -> bool:
-    """Validate weight files before transformers reads them. Returns True for safetensors."""
+def _check_weight_files(folder: Path) -> tuple[bool, dict[str, dict[str, Any]]]:
+    """Validate weight files before transformers reads them. Returns (safetensors?, {tensor: header entry}
+    over every safetensors file; empty for pickles)."""
     safetensors = sorted(folder.glob("*.safetensors"))
     if safetensors:
+        entries: dict[str, dict[str, Any]] = {}
         for path in safetensors:
-            _check_safetensors(path)
-        return True
+            entries.update(read_safetensors_header(path))
+        for index in sorted(folder.glob("*.safetensors.index.json")):
+            _check_index(index)
+        return True, entries
     pickled = sorted(p for p in folder.iterdir() if p.suffix in _PICKLE_SUFFIXES)
     if not pickled:
         raise CorruptWeightsError(f"{folder} has no weights (expected model.safetensors)")
@@ -366,33 +398,134 @@ def _check_weight_files(folder: Path) -> bool:
         except Exception as exc:  # unpickling errors come in many types
             raise UnsafeWeightsError(
                 f"{path.name} is a pickle that does not load with weights_only=True; refusing to unpickle it "
-                f"(convert it to safetensors): {exc}"
+                f"(convert it to safetensors): {_one_line(exc)}"
             ) from exc
-    return False
+    return False, {}
 
 
-def _check_safetensors(path: Path) -> None:
-    """Header parses and every tensor's bytes lie inside the file (catches truncation)."""
-    size = path.stat().st_size
-    with path.open("rb") as handle:
-        head = handle.read(8)
-        if len(head) < 8:
-            raise CorruptWeightsError(f"{path.name} is truncated ({size} bytes): not a safetensors file")
-        (header_len,) = struct.unpack("<Q", head)
-        if header_len > size - 8:
+def _check_index(index: Path) -> None:
+    """A shard index may name only regular files of its own folder (no `../`, no absolute paths)."""
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        raise CorruptWeightsError(f"{index.name} is not a valid shard index (a JSON object)") from exc
+    if not isinstance(weight_map, dict):
+        raise CorruptWeightsError(f"{index.name} is not a valid shard index: it has no weight_map")
+    for shard in set(weight_map.values()):
+        plain = isinstance(shard, str) and shard not in ("", ".", "..") and Path(shard).name == shard
+        if not plain or "\\" in shard or not (index.parent / shard).is_file():
+            shown = repr(shard)[:80]
             raise CorruptWeightsError(
-                f"{path.name} is corrupt or truncated: header claims {header_len} bytes"
+                f"{index.name} names shard {shown}, which is not a file of the model folder"
             )
+
+
+# Files a load may open (config, tokenizer, weights, shard indexes): each must be a regular file.
+_OPENED_SUFFIXES = (".json", ".safetensors", ".model", ".txt", ".tiktoken", ".jinja", *_PICKLE_SUFFIXES)
+
+
+def _check_regular_files(folder: Path) -> None:
+    """Refuse a folder whose config, tokenizer or weight files are not regular files (a FIFO blocks the first
+    open forever, a device never ends): checked with stat, which opens nothing."""
+    for entry in os.scandir(folder):
+        if not entry.name.endswith(_OPENED_SUFFIXES):
+            continue
         try:
-            header = json.loads(handle.read(header_len))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CorruptWeightsError(f"{path.name} has a corrupt header: {exc}") from exc
-    data_size = size - 8 - header_len
-    ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)]
-    if ends and max(ends) > data_size:
-        raise CorruptWeightsError(
-            f"{path.name} is truncated: tensors need {max(ends)} bytes of data, the file has {data_size}"
+            mode = os.stat(entry.path).st_mode  # follows links
+        except OSError:
+            continue  # a dangling link: reported as missing where it matters
+        if not stat.S_ISREG(mode):
+            raise NotAModelFolderError(
+                f"{entry.name} in {folder} is not a regular file (a FIFO, device or folder): not read"
+            )
+
+
+# Sizes every model needs positive (where the config has them as integers).
+_POSITIVE_SIZES = (
+    "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "vocab_size", "head_dim", "d_model", "d_ff", "n_layers", "n_heads", "num_layers",
+    "num_heads", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim",
+    "encoder_attention_heads", "decoder_attention_heads", "ffn_hidden_size",
+)  # fmt: skip
+_EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+_TOP_KS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_top_k", "moe_k")
+_LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|blocks|block|h)\.(\d+)\.")
+_EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
+_FUSED_EXPERTS = re.compile(r"\.experts\.[A-Za-z_]+$")
+
+
+def _config_fields(config) -> list[tuple[str, Any]]:
+    """(name, value) of the config's fields and its sub-configs' (DBRX keeps experts in ffn_config)."""
+    fields = list(vars(config).items())
+    for _, value in list(fields):
+        if hasattr(value, "to_dict") and not isinstance(value, type):
+            fields += list(vars(value).items())
+        elif isinstance(value, dict):
+            fields += list(value.items())
+    return fields
+
+
+def _ints(value: Any) -> list[int]:
+    """An int field, or a per-layer list of them; [] for anything else (None, floats, strings)."""
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def _check_config(folder: Path, config) -> None:
+    """Sizes a model cannot have are refused right after the config is read: non-positive sizes, no experts,
+    top-k outside 1 … E."""
+    fields = _config_fields(config)
+    for name, value in fields:
+        if name in _POSITIVE_SIZES + _EXPERT_COUNTS and any(v <= 0 for v in _ints(value)):
+            raise InvalidConfigError(f"{folder}/config.json: {name} must be a positive integer, got {value}")
+    experts = [(n, v) for n, value in fields if n in _EXPERT_COUNTS for v in _ints(value)]
+    if not experts:
+        return
+    n_experts = max(v for _, v in experts)
+    for name, value in fields:
+        for k in _ints(value) if name in _TOP_KS else []:
+            if not 1 <= k <= n_experts:
+                raise InvalidConfigError(
+                    f"{folder}/config.json: top-k ({name}) must be 1 … {n_experts} (the number of experts), "
+                    f"got {k}"
+                )
+
+
+def _check_config_against_weights(folder: Path, config, entries: dict[str, dict[str, Any]]) -> None:
+    """A config may not declare more layers or experts than the weights hold (a config of 100,000 layers
+    would otherwise build a skeleton for minutes before the weights are found not to match)."""
+    if not entries:
+        return
+    layers = {int(m.group(1)) for name in entries if (m := _LAYER_INDEX.search(name))}
+    declared = max(
+        (v for n, value in _config_fields(config) if n in _LAYER_COUNTS for v in _ints(value)), default=0
+    )
+    if layers and declared > max(layers) + 1:
+        raise InvalidConfigError(
+            f"{folder}/config.json declares {declared} layers but the weights hold {max(layers) + 1}"
         )
+    held = [int(m.group(1)) + 1 for name in entries if (m := _EXPERT_INDEX.search(name))]
+    held += [
+        entry["shape"][0]
+        for name, entry in entries.items()
+        if _FUSED_EXPERTS.search(name) and len(entry["shape"]) >= 3
+    ]
+    experts = max(
+        (v for n, value in _config_fields(config) if n in _EXPERT_COUNTS for v in _ints(value)), default=0
+    )
+    if held and experts > max(held):
+        raise InvalidConfigError(
+            f"{folder}/config.json declares {experts} experts per layer but the weights hold {max(held)}"
+        )
+
+
+_LAYER_COUNTS = ("num_hidden_layers", "n_layers", "num_layers", "encoder_layers", "decoder_layers")
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's message as one short line (messages of transformers and tokenizers span lines)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "…"
 
 
 def _load_tokenizer(folder: Path, trust_remote_code: bool):
@@ -400,7 +533,14 @@ def _load_tokenizer(folder: Path, trust_remote_code: bool):
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
+    try:
+        return AutoTokenizer.from_pretrained(
+            folder, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except Exception as exc:  # tokenizers' own errors are a plain Exception; the files are user input
+        raise CorruptTokenizerError(
+            f"the tokenizer files in {folder} could not be read: {_one_line(exc)}"
+        ) from exc
 
 
 def _num_layers(config) -> int:

@@ -3,8 +3,10 @@ is read, quantised checkpoints, and loading progress (bytes read)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import stat
 import struct
 import threading
 from collections.abc import Callable, Iterator
@@ -16,7 +18,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from moeviz.errors import InsufficientMemoryError, LoadOptionError, UnsupportedQuantizationError
+from moeviz.errors import (
+    CorruptWeightsError,
+    InsufficientMemoryError,
+    LoadOptionError,
+    UnsupportedQuantizationError,
+)
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -35,8 +42,10 @@ _SAFETENSORS_DTYPES = {
 }
 _SAFETENSORS_ITEMSIZE = {
     "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
-    "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1, "F4": 0.5,
+    "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1, "F4": 0.5, "C64": 8,
+    "F6_E2M3": 0.75, "F6_E3M2": 0.75,
 }  # fmt: skip
+_MAX_HEADER_BYTES = 100_000_000  # what the safetensors library itself accepts
 ACTIVATION_TOKENS = 2048  # input size the load-time memory check budgets activations for
 
 
@@ -368,17 +377,92 @@ def stored_bytes(folder: Path) -> int:
 
 
 def safetensors_entries(folder: Path) -> dict[str, dict[str, Any]]:
-    """{tensor name: header entry (dtype, shape, data_offsets)} over every safetensors file in `folder`."""
+    """{tensor name: header entry (dtype, shape, data_offsets)} over every safetensors file in `folder`
+    (files whose header does not check out are skipped: `read_safetensors_header` says why)."""
     entries: dict[str, dict[str, Any]] = {}
     for path in sorted(folder.glob("*.safetensors")):
         try:
-            with path.open("rb") as handle:
-                (length,) = struct.unpack("<Q", handle.read(8))
-                header = json.loads(handle.read(length))
-        except (OSError, ValueError):
+            entries.update(read_safetensors_header(path))
+        except (OSError, CorruptWeightsError):
             continue
-        entries.update({k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)})
     return entries
+
+
+def read_safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
+    """{tensor name: entry} of one safetensors file, after checking the whole header (CorruptWeightsError,
+    one line, never echoing the file's bytes): a regular file; a header length that fits the file; a JSON
+    object of {dtype, shape, data_offsets} entries with a known dtype; each tensor's bytes (shape × dtype)
+    equal to its offsets' span, inside the file; no two tensors sharing bytes."""
+    name = path.name
+    info = path.stat()  # follows links; never opens (a FIFO would block the open)
+    if not stat.S_ISREG(info.st_mode):
+        raise CorruptWeightsError(
+            f"{name} is not a regular file (a FIFO, device or folder): refusing to read it"
+        )
+    size = info.st_size
+    with path.open("rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            raise CorruptWeightsError(f"{name} is truncated ({size} bytes): not a safetensors file")
+        (header_len,) = struct.unpack("<Q", head)
+        if header_len > min(size - 8, _MAX_HEADER_BYTES):
+            raise CorruptWeightsError(f"{name} is not a safetensors file: header length invalid")
+        raw = handle.read(header_len)
+    try:
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
+        raise CorruptWeightsError(f"{name} has a corrupt header (not JSON: {reason})") from exc
+    if not isinstance(header, dict):
+        raise CorruptWeightsError(f"{name} has a corrupt header: the header is not a JSON object")
+    data_size = size - 8 - header_len
+    entries = {k: v for k, v in header.items() if k != "__metadata__"}
+    spans = []
+    for key, entry in entries.items():
+        _check_entry(name, key, entry, data_size)
+        if entry["data_offsets"][1] > entry["data_offsets"][0]:  # empty tensors hold no bytes
+            spans.append((*entry["data_offsets"], key))
+    spans.sort()
+    for (_, end, before), (start, _, after) in itertools.pairwise(spans):
+        if start < end:
+            raise CorruptWeightsError(
+                f"{name} is corrupt: the data of tensors {before!r} and {after!r} overlap"
+            )
+    return entries
+
+
+def _check_entry(name: str, key: str, entry: Any, data_size: int) -> None:
+    """One header entry: known dtype, shape of non-negative ints, offsets inside the data, span = bytes."""
+
+    def is_int(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
+        raise CorruptWeightsError(f"{name} has a malformed header entry for {key!r}")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in _SAFETENSORS_ITEMSIZE:
+        shown = dtype if isinstance(dtype, str) and len(dtype) <= 16 else "?"
+        raise CorruptWeightsError(f"{name}: tensor {key!r} has an unknown dtype {shown!r}")
+    if not isinstance(shape, list) or not all(map(is_int, shape)):
+        raise CorruptWeightsError(f"{name} has a malformed header entry for {key!r} (shape)")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(map(is_int, offsets)):
+        raise CorruptWeightsError(f"{name} has a malformed header entry for {key!r} (data_offsets)")
+    start, end = offsets
+    if start > end:
+        raise CorruptWeightsError(
+            f"{name} is corrupt: tensor {key!r} has data_offsets that end before they start"
+        )
+    if end > data_size:
+        raise CorruptWeightsError(
+            f"{name} is truncated or corrupt: tensor {key!r} ends at data byte {end}, past the end of the "
+            f"file ({data_size} bytes of data)"
+        )
+    bits = math.prod(shape) * int(_SAFETENSORS_ITEMSIZE[dtype] * 8)
+    if bits != (end - start) * 8:
+        raise CorruptWeightsError(
+            f"{name} is corrupt: tensor {key!r} of shape {shape} ({dtype}) needs {bits // 8} bytes, its "
+            f"data_offsets span {end - start}"
+        )
 
 
 def _entry_bytes(entry: dict[str, Any]) -> int:

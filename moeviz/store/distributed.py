@@ -33,10 +33,10 @@ from moeviz.store.writer import (
     finish_run,
     is_done,
     plan_batches,
-    prepare_run,
     progress_bar,
     run_config,
     write_part,
+    writing_run,
 )
 
 DEPTH = 2  # batches queued per worker: one running, one waiting, so a worker never idles on the driver
@@ -197,23 +197,23 @@ def trace_corpus_ray(
     with ray_session(options):
         workers = _start_workers(ray, load_source, options, load_kwargs)
         try:
-            folder, done = prepare_run(store, model, checkpoint, config, resume)
-            batches = plan_batches(corpus, info.tokenizer, config, settings)
-            total, layers = _dispatch(
-                ray,
-                workers,
-                batches,
-                done,
-                folder,
-                model=model,
-                checkpoint=checkpoint,
-                settings=settings,
-                progress=progress,
-            )
+            with writing_run(store, model, checkpoint, config, resume) as (folder, done):
+                batches = plan_batches(corpus, info.tokenizer, config, settings)
+                total, layers = _dispatch(
+                    ray,
+                    workers,
+                    batches,
+                    done,
+                    folder,
+                    model=model,
+                    checkpoint=checkpoint,
+                    settings=settings,
+                    progress=progress,
+                )
+                return finish_run(folder, total, layers)
         finally:
             for worker in workers:  # frees the model on every node before the next checkpoint loads
                 ray.kill(worker)
-    return finish_run(folder, total, layers)
 
 
 def _dispatch(

@@ -10,15 +10,34 @@
 A batch counts as done only when its line is in the manifest; the line is appended after the part file was
 renamed into place, so a run killed at any instant leaves either a complete, listed part, an unlisted part
 (rewritten on resume), a hidden temp file (removed on resume) or a torn last manifest line (ignored).
-Every `.parquet` file under the store must be a listed part with the recorded size: anything else (a
-foreign or corrupt file, a part of an interrupted batch) is reported by `validate_store`, never read.
+Every `.parquet` file under the store must be a listed part with the recorded size and content hash:
+anything else (a foreign, corrupt or symlinked file, a part of an interrupted batch) is reported by
+`validate_store`, never read.
+
+Integrity: each manifest entry records the part's size and sha256 (of the file bytes, computed when the
+part is finalised). `validate_store` checks size and hash of every part; a `StoreQuery` checks size and
+hash of the parts of the runs it opens (even with `validate=False`), each part hashed once per process
+while its size, mtime and inode stay the same; `--resume` re-traces a listed part that fails the check.
+Entries written before hashes were recorded are checked by size and Parquet footer only ("unverified").
+Manifest entries are trusted only as far as: complete (every field of `PART_FIELDS`), a plain `.parquet`
+file name in the run folder (no separator, no `..`, not hidden), a regular file (not a symlink), no batch
+or file listed twice.
+
+Writers: one per run. The writer holds an exclusive `flock` on `.lock` in the run folder from
+`prepare_run` to `finish_run` (`run_lock`); a second writer is refused at once with the holder's pid.
+Temp files carry their writer's pid (`.NAME.PID.tmp`); only those of dead pids are removed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import socket
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +48,11 @@ STORE_FORMAT = "moeviz.store/1"
 STORE_FILE = "store.json"
 RUN_FILE = "run.json"
 MANIFEST_FILE = "manifest.jsonl"
+LOCK_FILE = ".lock"
+# what a manifest entry must hold (plus "sha256" since content hashes are recorded; older entries lack it)
+PART_FIELDS = {"batch": int, "file": str, "rows": int, "bytes": int, "tokens": int, "token_hash": str}
+_PART_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\.parquet$")
+_TEMP_PID = re.compile(r"^\..+\.(\d+)\.tmp$")
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 
 
@@ -100,9 +124,34 @@ def check_store_marker(root: Path) -> None:
         raise StoreError(f"{root}: store format {fmt!r}, expected {STORE_FORMAT!r}")
 
 
+def _check_entry(path: Path, number: int, entry: Any) -> None:
+    """Refuse (StoreError) a manifest entry that is incomplete or names anything but a plain part file."""
+    where = f"{path}: line {number}"
+    if not isinstance(entry, dict):
+        raise StoreError(f"{where} is not a manifest entry (a JSON object)")
+    missing = [name for name in PART_FIELDS if name not in entry]
+    if missing:
+        raise StoreError(f"{where} is incomplete: missing {', '.join(missing)}")
+    for name, kind in PART_FIELDS.items():
+        value = entry[name]
+        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
+            raise StoreError(f"{where}: {name} = {value!r} is not a valid {kind.__name__}")
+    if "sha256" in entry and not re.fullmatch(r"[0-9a-f]{64}", str(entry["sha256"])):
+        raise StoreError(f"{where}: sha256 = {entry['sha256']!r} is not a sha256 hex digest")
+    name = entry["file"]
+    if "/" in name or "\\" in name or ".." in name or not _PART_FILE.match(name):
+        raise StoreError(
+            f"{where}: file {name!r} is not a plain part file name in the run folder (no path separators, "
+            "no '..', a .parquet name): refusing to read outside the run"
+        )
+
+
 def read_manifest(path: Path) -> dict[int, dict[str, Any]]:
-    """Completed batches {batch: entry}; a torn last line (a kill mid-append) is ignored."""
+    """Completed batches {batch: entry}; a torn last line (a kill mid-append) is ignored.
+
+    Every entry is checked (`_check_entry`); a batch or file listed twice is refused (StoreError)."""
     done: dict[int, dict[str, Any]] = {}
+    files: dict[str, int] = {}
     if not path.is_file():
         return done
     lines = path.read_text(encoding="utf-8").split("\n")
@@ -115,8 +164,142 @@ def read_manifest(path: Path) -> dict[int, dict[str, Any]]:
             if number == len(lines):  # the unterminated last line: the append was cut short
                 continue
             raise StoreError(f"{path}: line {number} is not valid JSON") from None
-        done[int(entry["batch"])] = entry
+        _check_entry(path, number, entry)
+        batch, name = entry["batch"], entry["file"]
+        if batch in done:
+            raise StoreError(f"{path}: line {number} lists batch {batch} a second time (duplicate entry)")
+        if name in files:
+            raise StoreError(
+                f"{path}: line {number} lists {name} a second time (duplicate entry; first: batch "
+                f"{files[name]})"
+            )
+        done[batch] = entry
+        files[name] = batch
     return done
+
+
+def write_manifest(path: Path, entries: list[dict[str, Any]]) -> None:
+    """Replace the manifest with `entries` atomically (resume drops the entries of damaged parts)."""
+    atomic_write_bytes(path, b"".join((json.dumps(e, sort_keys=True) + "\n").encode() for e in entries))
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# parts whose hash matched in this process: (path, size, mtime_ns, ctime_ns, inode, sha256)
+_VERIFIED: set[tuple] = set()
+
+
+def check_part(
+    folder: Path, entry: dict[str, Any], *, cached: bool = False, content: bool = True
+) -> str | None:
+    """Why the listed part `entry` of the run in `folder` cannot be trusted (None: it can).
+
+    Checks: a regular file (not a symlink) of the recorded size and, when the manifest records one, the
+    recorded sha256. `cached`: skip re-hashing a part already verified in this process while its size,
+    mtime and inode are unchanged (a query's cheap path; `validate_store` always hashes). `content=False`:
+    the file checks only, no hash."""
+    path = folder / entry["file"]
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return f"{entry['file']}: listed in the manifest but missing"
+    if stat.S_ISLNK(info.st_mode):
+        return f"{entry['file']}: a symlink, not a part file (refused: it may point outside the store)"
+    if not stat.S_ISREG(info.st_mode):
+        return f"{entry['file']}: not a regular file"
+    if info.st_size != entry["bytes"]:
+        recorded = entry["bytes"]
+        return (
+            f"{entry['file']}: {info.st_size} bytes, the manifest recorded {recorded} (corrupt or replaced)"
+        )
+    want = entry.get("sha256")
+    if want is None or not content:
+        return None
+    key = (str(path), info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino, want)
+    if cached and key in _VERIFIED:
+        return None
+    got = sha256_file(path)
+    if got != want:
+        _VERIFIED.discard(key)
+        return f"{entry['file']}: content hash differs from the manifest's sha256 (corrupt or modified)"
+    _VERIFIED.add(key)
+    return None
+
+
+def remove_stale_temps(folder: Path) -> list[Path]:
+    """Remove the hidden temp files of writers that are no longer running (their pid is in the name);
+    returns them. Temp files of a live pid are left alone."""
+    removed = []
+    for tmp in folder.glob(".*.tmp"):
+        match = _TEMP_PID.match(tmp.name)
+        if match and _pid_alive(int(match.group(1))):
+            continue
+        tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return pid > 0  # another user's process (or nonsense)
+    return True
+
+
+class RunLock:
+    """An exclusive, non-blocking writer lock on a run folder (`flock` on its `.lock` file).
+
+    Held by an open file: released on `release()` or when the process dies (a kill leaves no stale lock).
+    A second writer (another process, or another open in this one) gets a StoreError naming the holder."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_FILE
+        self.fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            holder = self.path.read_text(errors="replace").strip() or "unknown"
+            raise StoreError(
+                f"run {self.folder} is being written by another writer ({holder}); one writer per run: "
+                "wait for it to finish (or stop it), then continue with --resume"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the file drops the flock
+            self.fd = None
+
+
+@contextmanager
+def run_lock(folder: Path) -> Iterator[RunLock]:
+    """Hold the writer lock of the run in `folder` (created) for the block; see `RunLock`."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(folder).acquire()
+    try:
+        yield lock
+    finally:
+        lock.release()
 
 
 def append_manifest(path: Path, entry: dict[str, Any]) -> None:
@@ -192,11 +375,15 @@ def read_run(folder: Path) -> RunInfo:
     return RunInfo(model, checkpoint, folder, config, read_manifest(folder / MANIFEST_FILE))
 
 
-def validate_store(root: Path, check_schema: bool = True) -> list[str]:
+def validate_store(root: Path, check_schema: bool = True, *, notes: list[str] | None = None) -> list[str]:
     """Problems that make the store unsafe to query, one sentence each (empty list = clean).
 
-    Every `.parquet` file must be a part listed in its run's manifest with the recorded size, and (with
-    `check_schema`) have a readable Parquet footer carrying this store's schema tag."""
+    Every `.parquet` file must be a regular file (not a symlink) listed in its run's manifest with the
+    recorded size and sha256 (every part is hashed: the full check), and (with `check_schema`) have a
+    readable Parquet footer carrying this store's schema tag. A manifest that cannot be trusted (an entry
+    outside the run folder, incomplete or duplicated) raises StoreError. Parts whose entry records no hash
+    (written by an older moeviz) are checked by size and footer only; each is named, as "unverified", in
+    `notes` when a list is given."""
     import pyarrow.parquet as pq
 
     from moeviz.store.schema import SCHEMA_TAG
@@ -207,33 +394,37 @@ def validate_store(root: Path, check_schema: bool = True) -> list[str]:
     problems = []
     for run in runs:
         for entry in run.parts.values():
-            listed[(run.path / entry["file"]).resolve()] = (run, entry)
+            listed[run.path / entry["file"]] = (run, entry)
     for path in sorted(root.rglob("*.parquet")):
         if path.name.startswith("."):
             continue
-        hit = listed.pop(path.resolve(), None)
+        shown = path.relative_to(root)
+        hit = listed.pop(path, None)
         if hit is None:
             problems.append(
-                f"{path.relative_to(root)}: not part of any run in the store (a foreign file, or the part "
+                f"{shown}: not part of any run in the store (a foreign file, or the part "
                 "of a batch an interrupted run did not finish: resume that run with --resume or remove it)"
             )
             continue
         run, entry = hit
-        size = path.stat().st_size
-        if size != entry["bytes"]:
-            problems.append(
-                f"{path.relative_to(root)}: {size} bytes, the manifest recorded {entry['bytes']} (corrupt "
-                "or replaced)"
-            )
+        problem = check_part(run.path, entry, content=False)
+        if problem is not None:
+            problems.append(f"{shown.parent / problem}")
             continue
         if check_schema:
             try:
                 meta = pq.read_metadata(path).metadata or {}
             except Exception as exc:  # pyarrow raises several types for a damaged footer
-                problems.append(f"{path.relative_to(root)}: not a readable Parquet file ({exc})")
+                problems.append(f"{shown}: not a readable Parquet file ({exc})")
                 continue
             if meta.get(b"moeviz.store") != SCHEMA_TAG.encode():
-                problems.append(f"{path.relative_to(root)}: a Parquet file without this store's schema tag")
-    for path, (_run, _entry) in listed.items():
-        problems.append(f"{path.relative_to(root.resolve())}: listed in the manifest but missing")
+                problems.append(f"{shown}: a Parquet file without this store's schema tag")
+                continue
+        problem = check_part(run.path, entry)  # the content hash, once the cheaper checks passed
+        if problem is not None:
+            problems.append(f"{shown.parent / problem}")
+        elif "sha256" not in entry and notes is not None:
+            notes.append(f"{shown}: unverified (its manifest entry records no content hash)")
+    for path in listed:
+        problems.append(f"{path.relative_to(root)}: listed in the manifest but missing")
     return problems

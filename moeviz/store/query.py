@@ -1,7 +1,9 @@
 """DuckDB queries over a store: aggregates computed where the data lies, never the whole store in memory.
 
 Every query reads only the part files listed in the manifests of the selected runs (validated first:
-foreign or corrupt files raise `StoreError`), filtered by model, checkpoint, domain and layer. Results are
+foreign or corrupt files raise `StoreError`; the selected runs' parts are always checked by size and
+sha256, even with `validate=False`, each hashed once per process while unchanged — see
+`moeviz.store.layout`), filtered by model, checkpoint, domain and layer. Results are
 small frames (per layer × expert, per token id, ...); the metrics are the in-memory analysis functions'
 definitions (docs/routing-metrics.md), and tests check they agree exactly on the same traces.
 """
@@ -24,7 +26,7 @@ from moeviz.analysis.load import (
     expert_balance_rows,
 )
 from moeviz.analysis.losses import bias_stats
-from moeviz.store.layout import RunInfo, StoreError, list_runs, validate_store
+from moeviz.store.layout import RunInfo, StoreError, check_part, list_runs, validate_store
 
 RUN_KEYS = ["model", "checkpoint"]
 # the balance indicators `collapse` reports next to the verdict
@@ -40,7 +42,9 @@ def _as_list(value: str | int | Sequence | None) -> list | None:
 class StoreQuery:
     """A filtered view of a store. `model`, `checkpoint`, `domain`, `layer`: one value or a list each.
 
-    `validate=True` checks every Parquet file under the store first (see `validate_store`)."""
+    `validate=True` checks every Parquet file under the store first (see `validate_store`). Either way the
+    parts of the selected runs must be regular files of the recorded size and sha256 (hashed on the first
+    open in this process; a part whose manifest entry has no hash is checked by size only)."""
 
     def __init__(
         self,
@@ -74,6 +78,16 @@ class StoreQuery:
             raise StoreError(
                 f"no run in {self.root} matches model={model!r} checkpoint={checkpoint!r} (has {have})"
             )
+        damaged = [
+            f"{r.path.relative_to(self.root)}/{problem}"
+            for r in self.runs
+            for entry in r.parts.values()
+            if (problem := check_part(r.path, entry, cached=True)) is not None
+        ]
+        if damaged:
+            listing = "\n  ".join(damaged[:20])
+            more = f"\n  … and {len(damaged) - 20} more" if len(damaged) > 20 else ""
+            raise StoreError(f"store {self.root} holds parts that cannot be trusted:\n  {listing}{more}")
         self.files = [str(f) for r in self.runs for f in r.files]
         if not self.files:
             raise StoreError(f"the selected runs in {self.root} hold no completed batch yet")

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,12 +26,16 @@ from moeviz.store.layout import (
     append_manifest,
     atomic_write_bytes,
     check_label,
+    check_part,
     init_store,
     part_name,
     read_manifest,
     read_run,
+    remove_stale_temps,
     run_dir,
+    run_lock,
     slug,
+    write_manifest,
 )
 from moeviz.store.plan import Batch, corpus_fingerprint, iter_batches, token_hash
 from moeviz.store.schema import trace_table
@@ -47,7 +53,8 @@ class TraceSettings:
 
 
 def write_part(folder: Path, batch: Batch, table: pa.Table) -> dict[str, Any]:
-    """Write one batch's rows atomically; returns its manifest entry (not yet appended)."""
+    """Write one batch's rows atomically; returns its manifest entry (not yet appended), with the size and
+    sha256 of the file's bytes."""
     buffer = io.BytesIO()
     pq.write_table(table, buffer, compression="zstd", row_group_size=1 << 20)
     data = buffer.getvalue()
@@ -58,6 +65,7 @@ def write_part(folder: Path, batch: Batch, table: pa.Table) -> dict[str, Any]:
         "file": name,
         "rows": table.num_rows,
         "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
         "tokens": batch.num_tokens,
         "sequences": len(batch.token_ids),
         "token_hash": batch.token_hash,
@@ -97,7 +105,11 @@ def prepare_run(
     config: dict[str, Any],
     resume: bool,
 ) -> tuple[Path, dict[int, dict[str, Any]]]:
-    """Create (or, with `resume`, reopen and check) a run folder; returns it and its completed batches."""
+    """Create (or, with `resume`, reopen and check) a run folder; returns it and its completed batches.
+
+    Call it holding the run's writer lock (`writing_run` does). Removes the temp files of dead writers;
+    with `resume`, a listed part that fails `check_part` (missing, resized, hash mismatch, symlink) is
+    dropped from the manifest, so it is traced again."""
     check_label(model, "model")
     check_label(checkpoint, "checkpoint")
     init_store(store)
@@ -105,10 +117,31 @@ def prepare_run(
     folder = run_dir(store, model, checkpoint)
     run_file = folder / RUN_FILE
     folder.mkdir(parents=True, exist_ok=True)
-    for stale in folder.glob(".*.tmp"):  # temp files of a killed run
-        stale.unlink(missing_ok=True)
+    remove_stale_temps(folder)  # temp files of a killed run (never those of a live writer)
     atomic_write_bytes(run_file, json.dumps(config, indent=1, sort_keys=True).encode())
-    return folder, read_manifest(folder / MANIFEST_FILE)
+    manifest = folder / MANIFEST_FILE
+    done = read_manifest(manifest)
+    damaged = {b: problem for b, entry in done.items() if (problem := check_part(folder, entry))}
+    if damaged:
+        for batch, problem in damaged.items():
+            print(f"moeviz: batch {batch} ({problem}): tracing it again", file=sys.stderr)
+            del done[batch]
+        write_manifest(manifest, list(done.values()))
+    return folder, done
+
+
+@contextmanager
+def writing_run(
+    store: Path, model: str, checkpoint: str, config: dict[str, Any], resume: bool
+) -> Iterator[tuple[Path, dict[int, dict[str, Any]]]]:
+    """`prepare_run` under the run's writer lock, held for the block (write the parts and `finish_run`
+    inside it); a second writer of the same run gets a StoreError naming the holder's pid."""
+    check_label(model, "model")
+    check_label(checkpoint, "checkpoint")
+    init_store(store)
+    check_run(store, model, checkpoint, config, resume)  # refuse before creating the run folder
+    with run_lock(run_dir(store, model, checkpoint)):
+        yield prepare_run(store, model, checkpoint, config, resume)
 
 
 def finish_run(folder: Path, total_batches: int, layers: list[dict[str, Any]] | None = None) -> RunInfo:
@@ -287,29 +320,29 @@ def trace_corpus(
     config = run_config(
         loaded.info.source, loaded.info.model_type, loaded.max_length, corpus, settings, checkpoint_index
     )
-    folder, done = prepare_run(store, model, checkpoint, config, resume)
-    writer = _PartWriter(folder)
-    total = 0
-    layers: list[dict[str, Any]] | None = None
-    bar = progress_bar(model, checkpoint, progress)
-    started = time.perf_counter()
-    try:
-        for batch in plan_batches(corpus, loaded.tokenizer, config, settings):
-            total = batch.index + 1
-            if is_done(done, batch):
-                continue
-            table, batch_layers = batch_table(
-                loaded, batch, model=model, checkpoint=checkpoint, confidence=settings.confidence
-            )
-            layers = layers or batch_layers
-            writer.put(batch, table)
-            bar.update(batch.num_tokens)
-            if on_batch is not None:
-                on_batch(batch)
-    finally:
-        bar.close()
-        writer.close()  # drains: every queued batch is complete, so writing it is correct
-    run = finish_run(folder, total, layers)
+    with writing_run(store, model, checkpoint, config, resume) as (folder, done):
+        writer = _PartWriter(folder)
+        total = 0
+        layers: list[dict[str, Any]] | None = None
+        bar = progress_bar(model, checkpoint, progress)
+        started = time.perf_counter()
+        try:
+            for batch in plan_batches(corpus, loaded.tokenizer, config, settings):
+                total = batch.index + 1
+                if is_done(done, batch):
+                    continue
+                table, batch_layers = batch_table(
+                    loaded, batch, model=model, checkpoint=checkpoint, confidence=settings.confidence
+                )
+                layers = layers or batch_layers
+                writer.put(batch, table)
+                bar.update(batch.num_tokens)
+                if on_batch is not None:
+                    on_batch(batch)
+        finally:
+            bar.close()
+            writer.close()  # drains: every queued batch is complete, so writing it is correct
+        run = finish_run(folder, total, layers)
     if progress:
         elapsed = time.perf_counter() - started
         print(f"traced {model}/{checkpoint}: {total} batches in {elapsed:.1f}s", file=sys.stderr)
@@ -347,7 +380,6 @@ def write_trace(
         "checkpoint_index": checkpoint_index,
         "total_batches": None,
     }
-    folder, _ = prepare_run(Path(store), model, checkpoint, config, resume=False)
     batch = Batch(0, 0, ids, list(range(num_seqs)), domains)
     table = trace_table(
         trace,
@@ -358,5 +390,6 @@ def write_trace(
         seq_docs=batch.docs,
         seq_domains=domains,
     )
-    append_manifest(folder / MANIFEST_FILE, write_part(folder, batch, table))
-    return finish_run(folder, 1, layer_info(trace))
+    with writing_run(Path(store), model, checkpoint, config, resume=False) as (folder, _):
+        append_manifest(folder / MANIFEST_FILE, write_part(folder, batch, table))
+        return finish_run(folder, 1, layer_info(trace))

@@ -1,0 +1,142 @@
+"""No chart of the Corpus and Structure pages drops a category label (issue 14), in the real browser.
+
+On the bundled default sample, for every chart drawn as SVG: no axis label has opacity 0 (Vega's overlap
+removal), is cut short with "…" (label limit) or touches its neighbour (too little room per category, which
+is what made Vega hide every other one before `keep_labels`); the Corpus specialisation rows name every
+evaluation domain; the expert-paths chart labels every bar; the transition panels label every expert.
+Screenshots go to docs/screenshots/labels-<page>.png.
+"""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from moeviz.samples import DOMAINS
+from tests.app_server import CHROMIUM, CHROMIUM_ARGS, AppDidNotStart, running_app
+from tests.test_app_browser import (
+    MODEL,
+    RENDER_TIMEOUT_S,
+    START_TIMEOUT_S,
+    assert_no_error,
+    save_screenshot,
+    wait_for_heading,
+    wait_until_idle,
+)
+
+pytestmark = pytest.mark.browser
+
+VIEWPORT = {"width": 1200, "height": 900}
+CORPUS_S = 300  # the Corpus page first traces the evaluation corpus into a store
+# Per SVG chart in the container `key`: every axis label and header label (facet titles), with whether it
+# is hidden (opacity 0) or cut short ("…"), and the aria-labels of its marks (their tooltip fields).
+_LABELS_JS = """scope => [...document.querySelectorAll(`${scope} .vega-embed`)].map(embed => {
+  const svg = embed.querySelector('svg.marks');
+  if (!svg) return null;
+  const hidden = t => t.getAttribute('opacity') === '0' || t.style.opacity === '0'
+                      || getComputedStyle(t).opacity === '0';
+  const read = role => [...svg.querySelectorAll(`.${role} text`)].map(t => ({
+    text: t.textContent, hidden: hidden(t), cut: t.textContent.endsWith('…')}));
+  // Labels of one axis that touch (boxes less than 1 px apart): drawn, but one hides the other.
+  const touching = [];
+  for (const axis of svg.querySelectorAll('.role-axis')) {
+    const boxes = [...axis.querySelectorAll('.role-axis-label text')].filter(t => !hidden(t))
+      .map(t => [t.textContent, t.getBoundingClientRect()]);
+    boxes.forEach(([a, p], i) => boxes.slice(i + 1).forEach(([b, q]) => {
+      if (p.left < q.right + 1 && q.left < p.right + 1 && p.top < q.bottom + 1 && q.top < p.bottom + 1)
+        touching.push(`${a} | ${b}`);
+    }));
+  }
+  return {axis: read('role-axis-label'), header: read('role-title-text'), touching,
+          marks: [...svg.querySelectorAll('.role-mark path[aria-label], .role-mark [aria-label]')]
+                   .map(m => m.getAttribute('aria-label'))};
+})"""
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.is_file():
+        pytest.fail(f"{CHROMIUM} not found: the browser test needs Debian's chromium")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser: Browser):
+    """One app start and one page for every check of this module."""
+    try:
+        with running_app(MODEL, START_TIMEOUT_S) as url:
+            page = browser.new_page(viewport=VIEWPORT)
+            page.goto(url, wait_until="domcontentloaded")
+            page.locator(".st-key-routing_prompt textarea").wait_for(timeout=RENDER_TIMEOUT_S * 1000)
+            yield page
+            page.close()
+    except AppDidNotStart as exc:
+        pytest.fail(str(exc))
+
+
+def open_page(page: Page, title: str, key: str, timeout_s: float = RENDER_TIMEOUT_S) -> None:
+    page.get_by_role("link", name=title).click()
+    wait_for_heading(page, title)
+    page.locator(f".st-key-{key} svg.marks").first.wait_for(timeout=timeout_s * 1000)
+    wait_until_idle(page)
+    assert_no_error(page)
+    page.wait_for_timeout(500)  # Vega lays out (and hides overlapping labels) after drawing
+
+
+def charts(page: Page, key: str | None = None) -> list[dict]:
+    """The SVG charts in the container `key` (`exports.show_chart` keys them), or on the whole page."""
+    found = [c for c in page.evaluate(_LABELS_JS, f".st-key-{key}" if key else "") if c is not None]
+    assert found, f"no SVG chart in {key or 'the page'}"
+    return found
+
+
+def dropped(page: Page) -> list[list[str]]:
+    """Per chart of the page with any: its axis and title labels that are hidden, cut short or touching."""
+    lost = [
+        [t["text"] for t in c["axis"] + c["header"] if t["hidden"] or t["cut"]] + c["touching"]
+        for c in charts(page)
+    ]
+    return [bad for bad in lost if bad]
+
+
+def shown(chart: dict, role: str = "axis") -> set[str]:
+    return {t["text"] for t in chart[role] if not t["hidden"] and not t["cut"]}
+
+
+def fields(aria: str) -> dict[str, str]:
+    return dict(part.split(": ", 1) for part in aria.split("; ") if ": " in part)
+
+
+def test_corpus_labels_every_domain(page: Page) -> None:
+    open_page(page, "Corpus", "corpus_specialisation", CORPUS_S)
+    assert not dropped(page), f"labels dropped on Corpus: {dropped(page)}"
+    (spec,) = charts(page, "corpus_specialisation")
+    assert set(DOMAINS) <= shown(spec), f"domain rows without a label: {set(DOMAINS) - shown(spec)}"
+    page.locator(".st-key-corpus_specialisation").evaluate("e => e.scrollIntoView({block: 'start'})")
+    save_screenshot(page, "labels-corpus")
+
+
+def test_structure_labels_every_path_and_expert(page: Page) -> None:
+    open_page(page, "Structure", "paths")
+    assert not dropped(page), f"labels dropped on Structure: {dropped(page)}"
+    (paths,) = charts(page, "paths")
+    bars = {fields(a).get("path") for a in paths["marks"]} - {None}
+    assert bars, "no bar of the expert-paths chart was read"
+    assert bars <= shown(paths), f"paths without a label: {bars - shown(paths)}"
+    (transitions,) = charts(page, "transitions")
+    experts = {fields(a)[name] for a in transitions["marks"] for name in ("expert", "next_expert")}
+    assert experts, "no cell of the transition panels was read"
+    assert experts <= shown(transitions), f"experts without a label: {experts - shown(transitions)}"
+    panels = {fields(a)["layers"] for a in transitions["marks"]}
+    assert panels <= shown(transitions, "header"), f"panels without a title: {panels}"
+    page.locator(".st-key-paths").evaluate("e => e.scrollIntoView({block: 'start'})")
+    save_screenshot(page, "labels-structure-paths")
+    page.locator(".st-key-transitions").evaluate("e => e.scrollIntoView({block: 'start'})")
+    save_screenshot(page, "labels-structure-transitions")

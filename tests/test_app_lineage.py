@@ -1,0 +1,116 @@
+"""Checkpoints and Compare say when two models are not one training run (expert ids do not correspond) and
+draw no agreement across such a pair; the Checkpoints page renders its controls before it traces, and
+reports each checkpoint traced (Streamlit AppTest)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from moeviz.models.loading import sample_models_dir
+from tests.app_helpers import app_test_env, run_page
+
+LOCAL_FOLDER = "Local folder…"  # components.access.LOCAL_FOLDER
+
+
+@pytest.fixture(autouse=True)
+def _app_env(monkeypatch):
+    app_test_env(monkeypatch)
+
+
+def chart_data(at: AppTest, title: str) -> list[dict]:
+    import pyarrow as pa
+
+    (chart,) = [c for c in at.get("vega_lite_chart") if title in c.proto.spec]
+    (dataset,) = chart.proto.datasets
+    return pa.ipc.open_stream(dataset.data.data).read_all().to_pylist()
+
+
+def element_types(node) -> list[str]:
+    """Element types of the main area, in page order (depth first)."""
+    types = [getattr(node, "type", "")]
+    for child in getattr(node, "children", {}).values():
+        types += element_types(child)
+    return types
+
+
+def lineage_warnings(at: AppTest) -> list[str]:
+    return [w.value for w in at.warning if "not one training run" in w.value.lower()]
+
+
+def test_checkpoints_renders_its_controls_first_and_reports_each_checkpoint() -> None:
+    at = run_page("pages/checkpoints.py", timeout_s=300)
+    assert at.radio(key="saturation_kind").value == "topk"
+    assert at.selectbox(key="timeline_indicator").value == "load_entropy"
+    types = element_types(at.main)
+    # the controls come before the tracing progress and before every chart
+    assert types.index("radio") < types.index("status") < types.index("vega_lite_chart")
+    lines = [m.value for m in at.markdown]
+    for i, step in enumerate(["step-00000", "step-00010", "step-01000"]):
+        index = [0, 1, 7][i]
+        assert f"Traced checkpoint {step} ({index + 1}/8)" in lines
+    assert not lineage_warnings(at)  # the bundled series is one run
+    assert {row["checkpoint"] for row in chart_data(at, "Router saturation")} >= {"step-00000", "step-01000"}
+
+
+def test_checkpoints_warns_about_an_unrelated_checkpoint_and_does_not_draw_across_it(tmp_path) -> None:
+    series = tmp_path / "mixed-series"
+    for name in ("step-00000", "step-00010"):
+        shutil.copytree(sample_models_dir() / "mixtral-healthy-series" / name, series / name)
+    shutil.copytree(sample_models_dir() / "mixtral-collapsed", series / "step-00020")  # another run
+    at = run_page(
+        "pages/checkpoints.py", timeout_s=300, series_choice=LOCAL_FOLDER, series_folder=str(series)
+    )
+    (warning,) = lineage_warnings(at)
+    assert "step-00010 → step-00020" in warning and "cosine" in warning
+    assert "step-00000 → step-00010" not in warning
+    # saturation is against the final checkpoint: only from the break on
+    assert {row["checkpoint"] for row in chart_data(at, "Router saturation")} == {"step-00020"}
+    drift = {row["checkpoint"] for row in chart_data(at, "Expert drift")}
+    assert "step-00020" not in drift and "step-00010" in drift
+
+
+def test_compare_warns_above_the_agreement_for_unrelated_models_only() -> None:
+    at = run_page(
+        "pages/compare.py", compare_a="sample:mixtral-healthy", compare_b="sample:mixtral-collapsed"
+    )
+    (warning,) = lineage_warnings(at)
+    assert "expert ids" in warning.lower() and "load balance" in warning
+    types = element_types(at.main)
+    alert = next(i for i, t in enumerate(types) if t in ("warning", "alert"))
+    assert alert < types.index("vega_lite_chart")  # above every view
+    related = run_page(
+        "pages/compare.py",
+        compare_a="sample:mixtral-healthy-series/step-00100",
+        compare_b="sample:mixtral-healthy-series/step-01000",
+    )
+    assert not lineage_warnings(related)
+
+
+@pytest.mark.browser
+def test_screenshots_of_the_lineage_warning_and_the_checkpoint_progress() -> None:
+    """One app start: Compare on two separately trained samples (the warning above the views) and the
+    Checkpoints page (its controls, then one status line per checkpoint traced)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.app_server import CHROMIUM, CHROMIUM_ARGS, running_app
+    from tests.test_app_browser import VIEWPORT, save_screenshot, wait_until_idle
+
+    with running_app("sample:mixtral-healthy", 90) as url, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport=VIEWPORT)
+            page.goto(url, wait_until="domcontentloaded")
+            page.locator(".st-key-routing_prompt textarea").wait_for(timeout=120_000)
+            page.get_by_role("link", name="Compare").click()
+            page.get_by_text("A and B are not one training run").wait_for(timeout=120_000)
+            wait_until_idle(page)
+            save_screenshot(page, "compare-unrelated")
+            page.get_by_role("link", name="Checkpoints").click()
+            page.get_by_text("Traced 8 checkpoints").wait_for(timeout=300_000)
+            wait_until_idle(page)
+            save_screenshot(page, "checkpoints-progress")
+        finally:
+            browser.close()
