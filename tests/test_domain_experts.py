@@ -80,11 +80,12 @@ def test_corpus_page_shows_the_library_table(monkeypatch) -> None:
     at = run_page("pages/corpus.py", timeout_s=300)
     assert any(h.value == "Top experts per domain" for h in at.subheader)
     (shown,) = [d.value for d in at.dataframe if "null_share" in d.value.columns]
+    from components.access import default_model
     from components.corpus_store import built_stores
 
     from moeviz.store import StoreQuery
 
-    (store,) = built_stores()[0].values()
+    store = built_stores()[0][default_model()]  # other tests of this process may have built others
     query = StoreQuery(store)
     run = query.runs[-1]
     scope = StoreQuery(store, model=run.model, checkpoint=run.checkpoint, validate=False)

@@ -114,7 +114,9 @@ def heatmap_and_token(site: str, layer: int) -> None:
     st.caption(
         f"Colour = router score = {trace.layer(layer, site).score_fn}(router logits), before top-k. "
         "● = expert the token was dispatched to; hover a cell for its logit and the combination weight the "
-        "model used (0 where not dispatched). Click a cell to open its token below."
+        "model used (0 where not dispatched). Click a cell to open its token below. Where the token labels "
+        "would overlap (long windows, narrow pages) only every n-th is printed; every cell's tooltip names "
+        "its token."
     )
     pickers.remember_cell(event)  # the clicked cell's expert, for the Why page
     token_detail(layer, pickers.clicked_token(event))
@@ -346,7 +348,7 @@ def heatmap_at_scale(site: str, layer: int, axis: expert_axis.ExpertAxis, scores
         f"The {len(axis.shown)} busiest of {routing.num_experts} experts at this layer (top-N, and the "
         f"chosen one), sorted by {axis.order_name}. Colour = router score = {routing.score_fn}(router "
         "logits), before top-k; ● = dispatched; hover for logit and weight. Click a cell to open "
-        "its token below."
+        "its token below. Token labels that would overlap are thinned (every cell's tooltip names its token)."
     )
     pickers.remember_cell(event)  # the clicked cell's expert, for the Why page
     clicked = pickers.clicked_token(event)
