@@ -56,14 +56,15 @@ def remove_stale_partials(path: str | Path) -> list[Path]:
         match = _PARTIAL.match(tmp.name)
         if match is None or match["name"] != path.name:
             continue
-        if match["pid"] is not None and _pid_alive(int(match["pid"])):
+        if match["pid"] is not None and pid_alive(int(match["pid"])):
             continue
         tmp.unlink(missing_ok=True)
         removed.append(tmp)
     return removed
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` of this host is running (the temp files of a writer carry its pid)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

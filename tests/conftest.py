@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random models of every family saved to disk, and the bundled sample."""
+"""Shared fixtures: tiny random models of every family saved to disk, the bundled sample, and the browser."""
 
 from __future__ import annotations
 
@@ -49,3 +49,23 @@ def corpus(tmp_path_factory):
         for i in range(3):
             (root / domain / f"doc{i}.txt").write_text(text[i * 1500 : (i + 1) * 1500], encoding="utf-8")
     return root
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's headless Chromium for one module's browser tests (a missing browser fails the test: in CI
+    the browser tests must run, never skip)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.app_server import CHROMIUM, CHROMIUM_ARGS
+
+    if not CHROMIUM.is_file():
+        pytest.fail(f"{CHROMIUM} not found: the browser tests need Debian's chromium (apt-get install it)")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield chromium
+        finally:
+            chromium.close()

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
 import moeviz
 from moeviz.analysis import balance_frame
 from moeviz.charts import token_label
-from tests.app_server import CHROMIUM, CHROMIUM_ARGS, REPO, AppDidNotStart, running_app
+from tests.app_server import REPO, AppDidNotStart, running_app
 
 pytestmark = pytest.mark.browser
 
@@ -62,22 +62,6 @@ def app_url():
             yield url
     except AppDidNotStart as exc:
         pytest.fail(str(exc))
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.is_file():
-        pytest.fail(
-            f"{CHROMIUM} not found: the browser test needs Debian's chromium (apt-get install chromium)"
-        )
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            yield chromium
-        finally:
-            chromium.close()
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ from tests.test_app_browser import (  # noqa: F401  (module fixtures)
     _open,
     app_url,
     assert_no_error,
-    browser,
     loaded,
     save_screenshot,
     wait_for_heading,

@@ -10,9 +10,9 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
-from tests.app_server import CHROMIUM, CHROMIUM_ARGS, AppDidNotStart, running_app
+from tests.app_server import AppDidNotStart, running_app
 from tests.test_app_browser import (
     MODEL,
     RENDER_TIMEOUT_S,
@@ -77,20 +77,6 @@ def app_url():
             yield url
     except AppDidNotStart as exc:
         pytest.fail(str(exc))
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.is_file():
-        pytest.fail(f"{CHROMIUM} not found: the browser test needs Debian's chromium")
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            yield chromium
-        finally:
-            chromium.close()
 
 
 def open_routing(browser: Browser, url: str, theme: str, width: int) -> Page:

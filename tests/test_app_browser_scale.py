@@ -9,9 +9,9 @@ checkpoints typed as a local folder (the 61-block shape would take too long to t
 from __future__ import annotations
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
-from tests.app_server import CHROMIUM, CHROMIUM_ARGS, AppDidNotStart, running_app
+from tests.app_server import AppDidNotStart, running_app
 from tests.scale_models import SHAPES, save_scale_series, with_tokenizer
 from tests.test_app_browser import (
     RENDER_TIMEOUT_S,
@@ -50,20 +50,6 @@ _CHARTS_JS = """() => [...document.querySelectorAll('.vega-embed')].map(embed =>
   return {title: title ? title.textContent : '', drawn: box.width > 0 && box.height > 0, svg: !!svg,
           labels: labels.length, hidden: hidden.map(t => t.textContent)};
 })"""
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.is_file():
-        pytest.fail(f"{CHROMIUM} not found: the browser test needs Debian's chromium")
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            yield chromium
-        finally:
-            chromium.close()
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))

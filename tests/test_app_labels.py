@@ -10,10 +10,10 @@ Screenshots go to docs/screenshots/labels-<page>.png.
 from __future__ import annotations
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
 from moeviz.samples import DOMAINS
-from tests.app_server import CHROMIUM, CHROMIUM_ARGS, AppDidNotStart, running_app
+from tests.app_server import AppDidNotStart, running_app
 from tests.test_app_browser import (
     MODEL,
     RENDER_TIMEOUT_S,
@@ -51,20 +51,6 @@ _LABELS_JS = """scope => [...document.querySelectorAll(`${scope} .vega-embed`)].
           marks: [...svg.querySelectorAll('.role-mark path[aria-label], .role-mark [aria-label]')]
                    .map(m => m.getAttribute('aria-label'))};
 })"""
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.is_file():
-        pytest.fail(f"{CHROMIUM} not found: the browser test needs Debian's chromium")
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            yield chromium
-        finally:
-            chromium.close()
 
 
 @pytest.fixture(scope="module")

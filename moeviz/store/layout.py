@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from moeviz.errors import MoevizError
+from moeviz.trace import pid_alive
 
 STORE_FORMAT = "moeviz.store/1"
 STORE_FILE = "store.json"
@@ -238,21 +239,11 @@ def remove_stale_temps(folder: Path) -> list[Path]:
     removed = []
     for tmp in folder.glob(".*.tmp"):
         match = _TEMP_PID.match(tmp.name)
-        if match and _pid_alive(int(match.group(1))):
+        if match and pid_alive(int(match.group(1))):
             continue
         tmp.unlink(missing_ok=True)
         removed.append(tmp)
     return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return pid > 0  # another user's process (or nonsense)
-    return True
 
 
 class RunLock:
