@@ -17,6 +17,7 @@ from pathlib import Path
 
 from moeviz.cli_flags import (
     CORPUS_HELP,
+    EXIT_INTERRUPTED,
     add_batching_flags,
     add_model_flags,
     add_placement_flags,
@@ -28,7 +29,6 @@ from moeviz.errors import InputError, MoevizError
 
 EXIT_BAD_INPUT = 2
 EXIT_VERDICT = 3  # `report --fail-on`: the routing verdict reached the given level
-EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as `trace` exits
 # a full disk, a quota, an unwritable or read-only output: exit 2 with one line, not a traceback
 ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR}
 TEXT_FILE_LIMIT = 16 * 2**20  # --text-file: bytes (a prompt; also stops endless inputs such as /dev/zero)

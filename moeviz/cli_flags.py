@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 MODEL_HELP = "local Hugging Face folder or sample:NAME"
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT): every command that can be interrupted exits with it
 CORPUS_HELP = (
     "a folder of .txt files (one sub-folder, or file name, per domain) or a JSONL file (one object per "
     'line: "text", optional "domain")'

@@ -170,6 +170,13 @@ def open_why_on(seq: int, pos: int) -> None:
     st.session_state[WHY_OPEN] = (int(seq), int(pos))
 
 
+def link_to_why(seq: int, pos: int) -> None:
+    """The link to the Why page, opening it on token (seq, pos) (`open_why_on`)."""
+    open_why_on(seq, pos)
+    label = "Why this expert? Attribution and what-if for this token"
+    st.page_link("pages/why.py", label=label, icon=":material/help:")
+
+
 def why_expert(routing, row: int, token: tuple[int, int]) -> tuple[int | None, str]:
     """On opening the Why page from the Routing page (`open_why_on`): the expert to explain at token
     row `row` (token (seq, pos)) of layer `routing` (`LayerRouting`), and a line saying why — the clicked

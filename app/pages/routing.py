@@ -127,12 +127,7 @@ def token_detail(layer: int, clicked: tuple[int, int] | None) -> None:
     # The tokens of the window on show (a long input's picker would ship every token to the browser).
     seq, pos = pickers.pick_token(token_options(trace.tokens.iloc[lo : lo + MAX_TOKENS]), clicked)
     mine_conf, scores_chart, path_chart, margin_chart = token_charts(seq, pos, st.session_state["token"])
-    pickers.open_why_on(seq, pos)
-    st.page_link(
-        "pages/why.py",
-        label="Why this expert? Attribution and what-if for this token",
-        icon=":material/help:",
-    )
+    pickers.link_to_why(seq, pos)
     with st.container(key="drilldown"):
         # the scores full width, path and margin side by side: readable from 900 px (three columns were not)
         exports.show_chart(scores_chart, "token_scores")
@@ -388,12 +383,7 @@ def token_detail_at_scale() -> None:
     confidence = token_confidence_frame(trace, seq, pos)
     layers = pickers.layer_options(trace.layer_keys)
     site, layer = layers.get(st.session_state.get("layer"), trace.layer_keys[0])  # the layer on show above
-    pickers.open_why_on(seq, pos)
-    st.page_link(
-        "pages/why.py",
-        label="Why this expert? Attribution and what-if for this token",
-        icon=":material/help:",
-    )
+    pickers.link_to_why(seq, pos)
     with st.container(key="drilldown"):
         name = expert_axis.ORDER_NAMES.get(by, by)
         exports.show_chart(

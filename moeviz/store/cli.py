@@ -12,6 +12,7 @@ from pathlib import Path
 
 from moeviz.cli_flags import (
     CORPUS_HELP,
+    EXIT_INTERRUPTED,
     add_batching_flags,
     add_model_flags,
     add_placement_flags,
@@ -21,7 +22,6 @@ from moeviz.cli_flags import (
 )
 from moeviz.errors import InputError
 
-EXIT_INTERRUPTED = 130
 TRACE_CHUNK_TOKENS = 256  # trace: tokens per sequence (the sample models' training length)
 
 
