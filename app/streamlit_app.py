@@ -20,6 +20,7 @@ page = st.navigation(
         st.Page("pages/why.py", title="Why this expert?", icon=":material/help:"),
         st.Page("pages/checkpoints.py", title="Checkpoints", icon=":material/timeline:"),
         st.Page("pages/corpus.py", title="Corpus", icon=":material/database:"),
+        st.Page("pages/deployment.py", title="Deployment", icon=":material/dns:"),
     ]
 )
 # A chart wider than its column (a fixed-width overview + detail of hundreds of experts, on a 900 px screen)

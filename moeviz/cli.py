@@ -1,7 +1,8 @@
 """The `moeviz` command: capture routing from the shell, judge it, trace corpora, and start the app.
 
 One argparse tree: `capture`, `report` (one model, or with --checkpoints a training run's timeline),
-`trace` (moeviz.store.cli) and `app`. Exit codes: 0 success, 2 bad flags or bad input (nothing written),
+`trace` (moeviz.store.cli),
+`whatif` (moeviz.whatif.cli) and `app`. Exit codes: 0 success, 2 bad flags or bad input (nothing written),
 3 `report --fail-on` verdict reached, 1 unexpected failure.
 """
 
@@ -21,9 +22,11 @@ from moeviz.cli_flags import (
     add_batching_flags,
     add_model_flags,
     add_placement_flags,
+    add_prompt_inputs,
     load_kwargs,
     load_progress,
     placement_kwargs,
+    prompt_inputs,
 )
 from moeviz.errors import InputError, MoevizError
 
@@ -31,7 +34,6 @@ EXIT_BAD_INPUT = 2
 EXIT_VERDICT = 3  # `report --fail-on`: the routing verdict reached the given level
 # a full disk, a quota, an unwritable or read-only output: exit 2 with one line, not a traceback
 ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR}
-TEXT_FILE_LIMIT = 16 * 2**20  # --text-file: bytes (a prompt; also stops endless inputs such as /dev/zero)
 REPORT_CHUNK_TOKENS = 512  # report --corpus and report --checkpoints: tokens per sequence
 REPORT_MAX_CHUNKS = 64  # report --corpus: sequences per domain
 # Streamlit runs a full gc.collect(2) after every script run; with torch and transformers loaded that adds
@@ -46,9 +48,7 @@ APP_FLAGS = ("--runner.postScriptGC", "false", "--server.maxUploadSize", "2")
 def _add_inputs(command: argparse.ArgumentParser, corpus: bool = False) -> None:
     """The mutually exclusive inputs shared by capture and report (report also takes --corpus)."""
     source = command.add_mutually_exclusive_group(required=True)
-    source.add_argument("--text", help="input text")
-    source.add_argument("--text-file", type=Path, help="file whose text is the input")
-    source.add_argument("--token-ids", help="comma-separated token ids, for models without a tokenizer")
+    add_prompt_inputs(source)
     if corpus:
         source.add_argument("--corpus", type=Path, help=CORPUS_HELP)
 
@@ -115,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_trace_parser(commands)
 
+    from moeviz.whatif.cli import add_whatif_parser
+
+    add_whatif_parser(commands)
+
     app = commands.add_parser(
         "app", help="start the Streamlit app; extra arguments go to `streamlit run` (e.g. --server.port 8502)"
     )
@@ -164,6 +168,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_trace(args)
         if args.command == "capture":
             return run_capture(args)
+        if args.command == "whatif":
+            from moeviz.whatif.cli import run_whatif
+
+            return run_whatif(args)
         if args.command == "report" and args.checkpoints is not None:
             from moeviz.store.cli import run_checkpoint_report
 
@@ -220,7 +228,7 @@ def one_line(message: str) -> str:
 def run_capture(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    inputs = _capture_inputs(args)
+    inputs = prompt_inputs(args)
     out = _checked_output(args.out)
     if args.generate < 0:
         raise InputError(f"--generate must be >= 0, got {args.generate}")
@@ -281,7 +289,7 @@ def run_report(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    inputs = None if args.corpus is not None else _capture_inputs(args)
+    inputs = None if args.corpus is not None else prompt_inputs(args)
     corpus = None
     if args.corpus is not None:
         from moeviz.corpus import read_corpus
@@ -331,60 +339,6 @@ def _corpus_batches(loaded, corpus, args) -> tuple[list[list[list[int]]], list[s
         domains += [doc.domain] * len(chunks)
     batches = [sequences[i : i + args.batch_size] for i in range(0, len(sequences), args.batch_size)]
     return batches, domains
-
-
-def _capture_inputs(args: argparse.Namespace) -> dict:
-    if args.text is not None:
-        if not args.text.strip():
-            raise InputError("--text is empty")
-        return {"texts": args.text}
-    if args.text_file is not None:
-        path: Path = args.text_file
-        data = _read_text_file(path)
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InputError(f"--text-file {path} is not UTF-8 text: {exc}") from exc
-        if not text.strip():
-            raise InputError(f"--text-file {path} is empty")
-        return {"texts": text}
-    try:
-        ids = [int(part) for part in args.token_ids.split(",") if part.strip()]
-    except ValueError as exc:
-        raise InputError(f"--token-ids must be comma-separated integers, got {args.token_ids!r}") from exc
-    if not ids:
-        raise InputError("--token-ids is empty")
-    return {"token_ids": [ids]}
-
-
-def _read_text_file(path: Path) -> bytes:
-    """The bytes of --text-file, at most TEXT_FILE_LIMIT; InputError naming what is wrong with the path."""
-    import stat
-
-    try:
-        mode = path.stat().st_mode
-    except FileNotFoundError:
-        raise InputError(f"--text-file {path} does not exist") from None
-    except OSError as exc:
-        raise InputError(f"--text-file {path} cannot be read: {exc.strerror}") from None
-    limit = f"the {TEXT_FILE_LIMIT // 2**20} MiB limit of --text-file (a prompt, not a corpus: see --corpus)"
-    if stat.S_ISDIR(mode):
-        raise InputError(
-            f"--text-file {path} is a folder; give a text file (a folder of texts is a --corpus)"
-        )
-    if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):  # a FIFO would block, a socket cannot be read
-        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a block device"
-        raise InputError(f"--text-file {path} is not a regular file ({kind}); give a text file")
-    if stat.S_ISREG(mode) and path.stat().st_size > TEXT_FILE_LIMIT:
-        raise InputError(f"--text-file {path} is {path.stat().st_size / 2**20:,.1f} MiB, over {limit}")
-    try:
-        with open(path, "rb") as handle:  # a character device (/dev/stdin on a tty, /dev/zero) may not end
-            data = handle.read(TEXT_FILE_LIMIT + 1)
-    except OSError as exc:
-        raise InputError(f"--text-file {path} cannot be read: {exc.strerror}") from None
-    if len(data) > TEXT_FILE_LIMIT:
-        raise InputError(f"--text-file {path} did not end within {limit}")
-    return data
 
 
 def _checked_output(out: Path) -> Path:

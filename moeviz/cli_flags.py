@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from moeviz.errors import InputError
 
 MODEL_HELP = "local Hugging Face folder or sample:NAME"
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT): every command that can be interrupted exits with it
@@ -19,6 +22,7 @@ CORPUS_HELP = (
 )
 BATCH_SIZE = 8
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+TEXT_FILE_LIMIT = 16 * 2**20  # --text-file: bytes (a prompt; also stops endless inputs such as /dev/zero)
 
 
 def add_model_flags(
@@ -65,8 +69,6 @@ def add_placement_flags(command: argparse.ArgumentParser) -> None:
 
 def placement_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments of `moeviz.load_model` from the flags `add_placement_flags` added."""
-    from moeviz.errors import InputError
-
     kwargs: dict[str, Any] = {}
     text = args.device_map
     if text is not None:
@@ -162,3 +164,63 @@ def add_batching_flags(command: argparse.ArgumentParser, *, chunk_tokens: int) -
         default=chunk_tokens,
         help=f"corpus: tokens per sequence (default {chunk_tokens})",
     )
+
+
+def add_prompt_inputs(source: argparse._MutuallyExclusiveGroup) -> None:
+    """--text, --text-file, --token-ids into a command's (mutually exclusive) input group."""
+    source.add_argument("--text", help="input text")
+    source.add_argument("--text-file", type=Path, help="file whose text is the input")
+    source.add_argument("--token-ids", help="comma-separated token ids, for models without a tokenizer")
+
+
+def prompt_inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """{"texts": str} or {"token_ids": [[ids]]} from the flags of `add_prompt_inputs`."""
+    if args.text is not None:
+        if not args.text.strip():
+            raise InputError("--text is empty")
+        return {"texts": args.text}
+    if args.text_file is not None:
+        path: Path = args.text_file
+        data = read_text_file(path)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"--text-file {path} is not UTF-8 text: {exc}") from exc
+        if not text.strip():
+            raise InputError(f"--text-file {path} is empty")
+        return {"texts": text}
+    try:
+        ids = [int(part) for part in args.token_ids.split(",") if part.strip()]
+    except ValueError as exc:
+        raise InputError(f"--token-ids must be comma-separated integers, got {args.token_ids!r}") from exc
+    if not ids:
+        raise InputError("--token-ids is empty")
+    return {"token_ids": [ids]}
+
+
+def read_text_file(path: Path) -> bytes:
+    """The bytes of --text-file, at most TEXT_FILE_LIMIT; InputError naming what is wrong with the path."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise InputError(f"--text-file {path} does not exist") from None
+    except OSError as exc:
+        raise InputError(f"--text-file {path} cannot be read: {exc.strerror}") from None
+    limit = f"the {TEXT_FILE_LIMIT // 2**20} MiB limit of --text-file (a prompt, not a corpus: see --corpus)"
+    if stat.S_ISDIR(mode):
+        raise InputError(
+            f"--text-file {path} is a folder; give a text file (a folder of texts is a --corpus)"
+        )
+    if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):  # a FIFO would block, a socket cannot be read
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a block device"
+        raise InputError(f"--text-file {path} is not a regular file ({kind}); give a text file")
+    if stat.S_ISREG(mode) and path.stat().st_size > TEXT_FILE_LIMIT:
+        raise InputError(f"--text-file {path} is {path.stat().st_size / 2**20:,.1f} MiB, over {limit}")
+    try:
+        with open(path, "rb") as handle:  # a character device (/dev/stdin on a tty, /dev/zero) may not end
+            data = handle.read(TEXT_FILE_LIMIT + 1)
+    except OSError as exc:
+        raise InputError(f"--text-file {path} cannot be read: {exc.strerror}") from None
+    if len(data) > TEXT_FILE_LIMIT:
+        raise InputError(f"--text-file {path} did not end within {limit}")
+    return data

@@ -18,6 +18,7 @@ import torch
 
 import moeviz
 from moeviz import cli
+from moeviz.cli_flags import TEXT_FILE_LIMIT
 from moeviz.models.loading import DEFAULT_SAMPLE as MODEL
 from moeviz.samples import eval_dir
 from moeviz.testing.scale_traces import synthetic_trace
@@ -241,7 +242,7 @@ def test_text_file_names_the_problem(tmp_path, monkeypatch, capsys, command, mak
 def test_text_file_over_the_size_limit(tmp_path, monkeypatch, capsys):
     big = tmp_path / "big.txt"
     with open(big, "wb") as handle:  # sparse: no disk used
-        handle.truncate(cli.TEXT_FILE_LIMIT + 1)
+        handle.truncate(TEXT_FILE_LIMIT + 1)
     _no_load(monkeypatch)
     assert (
         _main(["capture", "--model", MODEL, "--text-file", str(big), "--out", str(tmp_path / "t.parquet")])

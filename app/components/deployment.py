@@ -1,0 +1,193 @@
+"""The Deployment page's building blocks: the routing the simulators replay, and the simulators' results
+cached per (model key, input, settings). No model math here: every number comes from `moeviz.whatif`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import streamlit as st
+
+import moeviz
+from components import access, corpus_store
+from components.docs import DOCS
+from components.errors import stop_on_error
+from components.widgets import toggle
+from moeviz.store import StoreQuery
+from moeviz.whatif.capacity import replay_capacity
+from moeviz.whatif.ep import EPConfig, fit_placement, simulate_ep
+from moeviz.whatif.model_size import (
+    KNOWN_MODELS,
+    ModelSize,
+    expert_bytes,
+    expert_flops_per_token,
+    known_model_size,
+    model_size,
+)
+from moeviz.whatif.offload import hit_rate_curve, simulate_offload
+from moeviz.whatif.routes import Routes, routes_from_store, routes_from_trace
+
+DOC = "docs/deployment-whatifs.md"
+
+
+def doc_section(heading: str) -> str:
+    """The first `## ` section of docs/deployment-whatifs.md whose title contains `heading` (any case), up to
+    the next `## `; "" when the docs are not installed or have no such section."""
+    path = DOCS / "deployment-whatifs.md"
+    if not path.is_file():
+        return ""
+    sections = path.read_text(encoding="utf-8").split("\n## ")
+    for section in sections[1:]:
+        if heading.lower() in section.partition("\n")[0].lower():
+            text = f"## {section.strip()}"  # shown inside an expander: two levels smaller
+            return "\n".join(f"##{line}" if line.startswith("#") else line for line in text.splitlines())
+    return ""
+
+
+def definitions(heading: str, *used: str) -> None:
+    """The lines naming the definitions the results used, and the docs' section of them in an expander."""
+    if len(used) == 1:
+        st.caption(f"Definition: {used[0]}" + ("" if DOC in used[0] else f" ({DOC})") + ".")
+    else:
+        st.caption(f"Definitions ({DOC}):\n" + "".join(f"\n- {line}" for line in used))
+    section = doc_section(heading)
+    if section:
+        with st.expander(f"The definitions ({DOC})"):
+            st.markdown(section)
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def routes(source: str, input_key: str, _trace: moeviz.Trace) -> Routes:
+    """The routing of `_trace` (that of `input_key`: the prompt's text, or the corpus) as the simulators
+    replay it; shared read-only by all sessions."""
+    return routes_from_trace(_trace)
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def store_routes(root: str, model: str, checkpoint: str) -> Routes:
+    """One run of a corpus store as the simulators replay it; shared read-only by all sessions."""
+    return routes_from_store(root, model=model, checkpoint=checkpoint)
+
+
+def store_run(source: str) -> tuple[Routes, str] | None:
+    """Optionally a run of a corpus store instead of the prompt or the corpus (a toggle): a small store built
+    from the evaluation corpus with the sidebar's model, or a store folder. → (its routes, an input key),
+    or None when the toggle is off. Errors stop the page."""
+    if not toggle(
+        "Replay a run of a corpus store instead",
+        "deployment_use_store",
+        help="The simulators replay the store's routing; quantisation and prefetch still run the prompt",
+    ):
+        return None
+    mode = st.radio(
+        "Store", [corpus_store.BUILD, corpus_store.OPEN], horizontal=True, key="deployment_store_mode"
+    )
+    with stop_on_error():
+        if mode == corpus_store.BUILD:
+            root = corpus_store.sample_store(source)
+        else:
+            folder = st.text_input(
+                "Store folder", key="deployment_store_folder", help=access.roots_hint("store")
+            )
+            root = corpus_store.check_store(folder or "")
+        runs = sorted({(run.model, run.checkpoint) for run in StoreQuery(root).runs})
+        if not runs:
+            st.warning("The store holds no traced run.")
+            st.stop()
+        labels = [f"{model} / {checkpoint}" for model, checkpoint in runs]
+        model, checkpoint = runs[labels.index(st.selectbox("Run", labels, key="deployment_store_run"))]
+        with st.spinner("Reading the store…"):
+            routes = store_routes(root, model, checkpoint)
+    return routes, f"store:{root}:{model}:{checkpoint}"
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def model_facts(source: str, _loaded: moeviz.LoadedModel) -> tuple[ModelSize, float]:
+    """The loaded model's size (`model_size`) and one routed expert's FLOPs per token."""
+    return model_size(_loaded.model, name=source), float(expert_flops_per_token(_loaded))
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def expert_size(source: str, _loaded: moeviz.LoadedModel, dtype: str) -> int:
+    """Bytes of one routed expert of the model at `dtype`."""
+    return int(expert_bytes(_loaded, dtype))
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def ep_whatif(source: str, input_key: str, _routes: Routes, settings: tuple, fit_on_part: bool):
+    """(before, after, how): the EP results of the plain deployment (contiguous, no redundant slot) and of the
+    chosen one (`settings`: EPConfig's fields as (name, value) pairs). With `fit_on_part` the placement is
+    fitted on the first half of the routing and both are judged on the rest (`how` says which part);
+    otherwise it is fitted on the same routing (how = "")."""
+    config = EPConfig(**dict(settings))
+    plain = dataclasses.replace(config, placement="contiguous", redundant=0)
+    if fit_on_part:
+        fit, rest, how = _routes.split()
+        return simulate_ep(rest, plain), simulate_ep(rest, config, fit_placement(fit, config)), how
+    return simulate_ep(_routes, plain), simulate_ep(_routes, config), ""
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def offload_whatif(
+    source: str,
+    input_key: str,
+    _routes: Routes,
+    cache: int,
+    policies: tuple[str, ...],
+    size: int,
+    bandwidth: float,
+):
+    """{policy: OffloadResult} at one cache size, experts of `size` bytes over `bandwidth` GB/s."""
+    return {
+        policy: simulate_offload(_routes, cache, policy, expert_bytes=size, bandwidth_gbps=bandwidth)
+        for policy in policies
+    }
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def offload_curve(
+    source: str, input_key: str, _routes: Routes, caches: tuple[int, ...], policies: tuple[str, ...]
+):
+    """Hit rate against the cache size, per policy (`hit_rate_curve`)."""
+    return hit_rate_curve(_routes, caches, policies=policies)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def capacity_whatif(
+    source: str, input_key: str, _routes: Routes, cfs: tuple[float, ...], policy: str, exact: bool
+):
+    """The capacity replay at the capacity factors `cfs` with drop policy `policy` (`exact` rounding or
+    Megatron's float order)."""
+    return replay_capacity(_routes, cfs, policy=policy, exact=exact)
+
+
+@st.cache_resource(show_spinner=False)
+def known_sizes() -> list[ModelSize]:
+    """The sizes of the well-known MoE architectures (`KNOWN_MODELS`, counted on the meta device)."""
+    return [known_model_size(name) for name in KNOWN_MODELS]
+
+
+def size_table(
+    sizes: list[ModelSize], formats: tuple[str, ...], dtype: str, context: int, batch: int, gpu_gib: float
+) -> pd.DataFrame:
+    """One row per model: parameters, weight bytes at each of `formats`, the KV cache (per token, and for
+    `batch` sequences of `context` tokens) and the GPUs of `gpu_gib` GiB needed at `dtype` (`ModelSize`)."""
+    rows = []
+    for size in sizes:
+        rows.append(
+            {
+                "name": size.name,
+                "total_params": size.total_params,
+                "active_params": size.active_params,
+                f"gpus_needed_{dtype}": size.gpus_needed(dtype, context, batch, gpu_gib),
+                "kv_bytes_per_token": size.kv_bytes_per_token,
+                "kv_bytes_at_context": size.kv_bytes(context, batch),
+                **{f"bytes_{fmt}": size.weight_bytes(fmt) for fmt in formats},
+                "routed_experts": size.routed_experts,
+                "top_k": size.top_k,
+                "shared_experts": size.shared_experts,
+                "moe_layers": size.moe_layers,
+                "layers": size.layers,
+            }
+        )
+    return pd.DataFrame(rows)

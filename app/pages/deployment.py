@@ -1,0 +1,433 @@
+"""Deployment what-ifs: what the routing would cost under expert parallelism, expert offloading, capacity
+limits and quantisation, and how big the model is. Every number comes from `moeviz.whatif`."""
+
+import dataclasses
+
+import pandas as pd
+import streamlit as st
+from components import caches, deployment, exports, pickers, prompt
+from components.errors import stop_on_error
+
+import moeviz
+from moeviz.charts.deployment import (
+    balancedness_chart,
+    capacity_drop_chart,
+    comm_share_chart,
+    cumulative_bytes_chart,
+    dispatch_bytes_chart,
+    flip_rate_chart,
+    gpu_load_heatmap,
+    hit_rate_curve_chart,
+    margin_flips_chart,
+    overflow_heatmap,
+    params_chart,
+    position_drop_chart,
+    prefetch_recall_chart,
+)
+from moeviz.charts.tables import token_options
+from moeviz.whatif.capacity import DEFAULT_CFS, DROP_POLICIES
+from moeviz.whatif.ep import MESSAGE_DTYPES, PLACEMENTS, REPLICAS, SOURCES, EPConfig
+from moeviz.whatif.offload import POLICIES
+from moeviz.whatif.prefetch import prefetch_recall
+from moeviz.whatif.quant import DEFINITION as QUANT_DEFINITION
+from moeviz.whatif.quant import DTYPES, FORMATS, TARGETS, quantisation_flips
+
+TABS = ["Expert parallelism", "Offloading", "Capacity", "Quantisation", "Model size"]
+CAPACITY_FACTORS = [0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0]
+QUANT = "deployment_quant"  # session: {(model key, text, dtype, target): QuantResult}
+PREFETCH = "deployment_prefetch"  # session: {(model key, text): prefetch recall frame}
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+st.title("Deployment what-ifs")
+source = pickers.model_picker()
+trace = prompt.prompt_or_corpus_trace(source)
+text = prompt.current_prompt()
+on_corpus = bool(st.session_state.get("use_corpus"))
+loaded = caches.get_model(source)
+stored = deployment.store_run(source)
+with stop_on_error():
+    if stored is not None:
+        routes, input_key = stored
+        replayed = f"the store run {routes.model} ({', '.join(routes.notes)})"
+    else:
+        input_key = "corpus" if on_corpus else text
+        routes = deployment.routes(source, input_key, trace)
+        replayed = "the evaluation corpus" if on_corpus else "the prompt"
+    size, expert_flops = deployment.model_facts(source, loaded)
+first = routes.layers[0]
+experts, k = first.num_experts, first.k
+st.caption(
+    f"{trace.model.architecture} · {routes.tokens} tokens in {routes.streams} sequence(s) · "
+    f"{len(routes.layers)} MoE layers · {experts} experts, top-{k} · replayed from {replayed}"
+)
+if stored is not None:
+    st.caption(
+        "Hidden size, expert bytes and FLOPs are the sidebar model's: choose the model the store was traced "
+        "with."
+    )
+
+ep_tab, offload_tab, capacity_tab, quant_tab, size_tab = st.tabs(
+    TABS, key="deployment_tab", on_change="rerun"
+)
+
+if ep_tab.open is not False:
+    with ep_tab:
+        a, b, c, d = st.columns(4)
+        gpus = a.selectbox("GPUs", divisors(experts), index=min(2, len(divisors(experts)) - 1), key="ep_gpus")
+        per_node_options = divisors(gpus)
+        gpus_per_node = b.selectbox(
+            "GPUs per node",
+            per_node_options,
+            index=max(0, len(per_node_options) - 2),
+            key="ep_gpus_per_node",
+            help="GPUs of one node share NVLink; the rest is reached over the inter-node network",
+        )
+        placement = c.selectbox(
+            "Placement",
+            PLACEMENTS,
+            index=PLACEMENTS.index("eplb"),
+            key="ep_placement",
+            help="contiguous: expert e on GPU e // (E/G); eplb: DeepSeek's EPLB rebalance_experts; traffic: "
+            "experts often chosen together on the same GPU/node, under a balance constraint",
+        )
+        redundant = d.selectbox(
+            "Redundant slots",
+            [gpus * i for i in range(0, max(experts // gpus, 1) + 1)] if placement != "contiguous" else [0],
+            key="ep_redundant",
+            help="Extra expert copies, a multiple of the GPU count (as EPLB requires); none for contiguous",
+        )
+        a, b, c, d = st.columns(4)
+        token_source = a.selectbox(
+            "Token source",
+            SOURCES,
+            key="ep_source",
+            help="contiguous: token t of N on GPU ⌊t·G/N⌋; round-robin: t mod G",
+        )
+        replica = b.selectbox(
+            "Replica choice",
+            REPLICAS,
+            key="ep_replica",
+            help="even: the i-th token that chose an expert goes to copy i mod r (EPLB's model); "
+            "vllm: (t·k + j) mod r",
+        )
+        message_dtype = c.selectbox(
+            "Message dtype",
+            MESSAGE_DTYPES,
+            key="ep_message_dtype",
+            help="FP8 as DeepEP sends it (one scale per 128)",
+        )
+        fit_on_part = d.toggle(
+            "Fit on one part",
+            key="ep_fit_on_part",
+            help="Fit the placement on the first half of the routing and judge it on the rest",
+        )
+        with st.expander("Links and compute"):
+            a, b, c = st.columns(3)
+            nvlink = a.number_input("NVLink GB/s per GPU", 1.0, 10_000.0, 450.0, key="ep_nvlink")
+            internode = b.number_input("Inter-node GB/s per GPU", 1.0, 10_000.0, 50.0, key="ep_internode")
+            tflops = c.number_input("GPU TFLOP/s (achieved)", 1.0, 100_000.0, 400.0, key="ep_tflops")
+        ep_result = None
+        try:
+            config = EPConfig(
+                gpus=gpus,
+                gpus_per_node=gpus_per_node,
+                redundant=redundant,
+                placement=placement,
+                source=token_source,
+                replica=replica,
+                hidden_size=size.hidden_size,
+                message_dtype=message_dtype,
+                nvlink_gbps=nvlink,
+                internode_gbps=internode,
+                gpu_tflops=tflops,
+                expert_flops_per_token=expert_flops,
+            )
+            with st.spinner("Replaying the routing on the deployment…"):
+                ep_result = deployment.ep_whatif(
+                    source, input_key, routes, tuple(dataclasses.asdict(config).items()), fit_on_part
+                )
+        except moeviz.MoevizError as exc:
+            st.error(str(exc))
+        if ep_result is not None:
+            before, after, how = ep_result
+            totals, plain = after.totals(), before.totals()
+            m1, m2, m3 = st.columns(3)
+            m1.metric(
+                "Balancedness",
+                f"{totals['balancedness']:.3f}",
+                delta=f"contiguous: {plain['balancedness']:.3f}",
+                delta_color="off",
+                delta_arrow="off",
+                help="vLLM's Σ_l mean_g load / Σ_l max_g load (1 = every GPU equally loaded)",
+            )
+            m2.metric(
+                "Dispatch bytes",
+                f"{totals['combine_bytes']:,}",
+                help="Over all layers, local + intra-node + inter-node; a token is sent once per destination "
+                f"GPU (DeepEP). Combine bytes are the same. Inter-node: {totals['dispatch_bytes_inter']:,}; "
+                f"remote without dedup: {totals['dispatch_bytes_nodedup']:,}",
+            )
+            share = totals["comm_share"]
+            m3.metric(
+                "Communication share",
+                "n/a" if share is None or share != share else f"{share:.1%}",
+                help="Modelled All-to-All time ÷ (All-to-All + expert compute) over the MoE layers",
+            )
+            if after.same_data:
+                st.caption(
+                    f"The {placement} placement was fitted and evaluated on the same tokens: an in-sample "
+                    "figure. Turn on *Fit on one part* to judge it on tokens it has not seen."
+                )
+            else:
+                st.caption(f"The {placement} placement was {how}; both heatmaps show the evaluation part.")
+            left, right = st.columns(2)
+            with left:
+                exports.show_chart(
+                    gpu_load_heatmap(before.gpu_load_frame(), title="Before: contiguous, no copies"),
+                    "ep_load_before",
+                )
+            with right:
+                exports.show_chart(
+                    gpu_load_heatmap(
+                        after.gpu_load_frame(), title=f"After: {placement}, {redundant} redundant"
+                    ),
+                    "ep_load_after",
+                )
+            both = pd.concat(
+                [
+                    before.layers_frame().assign(placement="contiguous"),
+                    after.layers_frame().assign(placement=f"{placement} (+{redundant})"),
+                ]
+            )
+            exports.show_chart(balancedness_chart(both), "ep_balancedness")
+            layers = after.layers_frame()
+            exports.show_chart(dispatch_bytes_chart(layers), "ep_bytes")
+            exports.show_chart(comm_share_chart(layers), "ep_comm_share")
+            if not expert_flops:
+                st.caption(
+                    "No compute model for this model's experts: the communication share is not meaningful."
+                )
+            st.dataframe(layers, hide_index=True)
+            exports.table_downloads(layers, "ep_layers")
+            deployment.definitions("Expert parallelism", after.definition)
+
+if offload_tab.open is not False:
+    with offload_tab:
+        a, b, c, d = st.columns([3, 3, 2, 2])
+        cache = a.slider(
+            "Cache size C (experts per layer on the GPU)",
+            k,
+            experts,
+            min(experts, 2 * k),
+            key="offload_cache",
+        )
+        policies = b.multiselect("Policies", POLICIES, default=list(POLICIES), key="offload_policies")
+        weight_dtype = c.selectbox(
+            "Expert weights", FORMATS, key="offload_dtype", help="The bytes one miss moves"
+        )
+        bandwidth = d.number_input(
+            "Host → GPU GB/s", 0.1, 1000.0, 16.0, key="offload_bandwidth", help="PCIe 4.0 x16 ≈ 16 GB/s"
+        )
+        if not policies:
+            st.info("Choose at least one policy.")
+        else:
+            with stop_on_error():
+                expert_size = deployment.expert_size(source, loaded, weight_dtype)
+                results = deployment.offload_whatif(
+                    source, input_key, routes, cache, tuple(policies), expert_size, float(bandwidth)
+                )
+                curve = deployment.offload_curve(
+                    source, input_key, routes, tuple(range(k, experts + 1)), tuple(policies)
+                )
+            columns = st.columns(len(results))
+            for column, (policy, result) in zip(columns, results.items(), strict=True):
+                column.metric(
+                    f"{policy} hit rate",
+                    f"{result.hit_rate:.1%}",
+                    help=f"Tokens/s bound from the stalls alone: {result.tokens_per_s_bound:,.0f}",
+                )
+            exports.show_chart(hit_rate_curve_chart(curve), "offload_hit_rate")
+            steps = pd.concat([r.steps_frame().assign(policy=p) for p, r in results.items()])
+            exports.show_chart(cumulative_bytes_chart(steps), "offload_bytes")
+            st.caption(
+                f"One miss moves one expert: {expert_size:,} bytes at {weight_dtype}. Each sequence is "
+                "decoded on its own from a cold cache; prompt positions stand in for decode steps."
+            )
+            layers = pd.concat([r.layers_frame() for r in results.values()], ignore_index=True)
+            st.dataframe(layers, hide_index=True)
+            exports.table_downloads(layers, "offload_layers")
+            exports.table_downloads(curve, "offload_hit_rate_curve")
+            deployment.definitions(
+                "Offloading",
+                *(f"{policy} — {result.definition}" for policy, result in results.items()),
+            )
+        st.subheader("Speculative prefetch")
+        st.caption(
+            "Apply layer ℓ+1's router to layer ℓ's hidden state and prefetch the experts it picks: how many "
+            "of the experts layer ℓ+1 really chose it finds. Runs the model on the prompt."
+        )
+        prefetched = st.session_state.setdefault(PREFETCH, {})
+        if st.button("Measure the prefetch recall", key="prefetch_run", icon=":material/play_arrow:"):
+            with st.spinner("Routing the prompt and applying each next router…"), stop_on_error():
+                prefetched[(source, text)] = prefetch_recall(loaded, text=text)
+        recall = prefetched.get((source, text))
+        if recall is not None:
+            exports.show_chart(prefetch_recall_chart(recall), "prefetch_recall")
+            st.dataframe(recall, hide_index=True)
+            exports.table_downloads(recall, "prefetch_recall")
+
+if capacity_tab.open is not False:
+    with capacity_tab:
+        a, b, c = st.columns([2, 1, 1])
+        cfs = a.multiselect(
+            "Capacity factors", CAPACITY_FACTORS, default=list(DEFAULT_CFS), key="capacity_cfs"
+        )
+        drop_policy = b.selectbox(
+            "Drop policy",
+            DROP_POLICIES,
+            key="capacity_policy",
+            help="probs: keep the C largest combination weights (Megatron's default); position: keep the "
+            "first C arrivals",
+        )
+        exact = c.toggle(
+            "Exact rounding",
+            key="capacity_exact",
+            help="ceil of the exact (T·k/E)·CF; off = Megatron's float order, which can land one above",
+        )
+        if not cfs:
+            st.info("Choose at least one capacity factor.")
+        else:
+            with stop_on_error():
+                capacity = deployment.capacity_whatif(
+                    source, input_key, routes, tuple(sorted(cfs)), drop_policy, exact
+                )
+            layers = capacity.layers_frame()
+            exports.show_chart(capacity_drop_chart(layers), "capacity_drops")
+            exports.show_chart(position_drop_chart(capacity.position_frame()), "capacity_positions")
+            shown_cf = st.select_slider("Overflowing experts at CF", sorted(cfs), key="capacity_shown_cf")
+            exports.show_chart(overflow_heatmap(capacity.experts_frame(), shown_cf), "capacity_overflow")
+            st.dataframe(layers, hide_index=True)
+            exports.table_downloads(layers, "capacity_layers")
+            exports.table_downloads(capacity.experts_frame(), "capacity_experts")
+            deployment.definitions("Capacity", capacity.definition)
+
+if quant_tab.open is not False:
+    with quant_tab:
+        st.caption(
+            "Run the prompt through the model and through a copy with fake-quantised weights, and compare "
+            "which experts each token is sent to. The shared model is never changed."
+        )
+        a, b = st.columns(2)
+        dtype = a.selectbox("Format", DTYPES, key="quant_dtype")
+        target = b.selectbox(
+            "Quantise", TARGETS, key="quant_target", help="The routed experts, the router, or both"
+        )
+        runs = st.session_state.setdefault(QUANT, {})
+        if st.button(
+            "Quantise and compare routing", key="quant_run", type="primary", icon=":material/play_arrow:"
+        ):
+            with st.status(f"Quantising the {target} to {dtype}…", expanded=True) as status:
+                bar = st.progress(0.0)
+
+                def progress(fraction: float, message: str) -> None:
+                    bar.progress(min(max(fraction, 0.0), 1.0), text=message)
+
+                try:
+                    runs[(source, text, dtype, target)] = quantisation_flips(
+                        loaded, text=text, dtype=dtype, target=target, progress=progress
+                    )
+                except moeviz.MoevizError as exc:
+                    status.update(label=str(exc), state="error")
+                else:
+                    status.update(label=f"Compared {dtype} ({target}) with the original", state="complete")
+        mine = {key[2:]: result for key, result in runs.items() if key[:2] == (source, text)}
+        if not mine:
+            st.info("Press the button to run the comparison (two forward passes over the prompt).")
+            deployment.definitions("Quantisation", QUANT_DEFINITION)
+        else:
+            flips = pd.concat([r.layers_frame() for r in mine.values()], ignore_index=True)
+            exports.show_chart(flip_rate_chart(flips), "quant_flip_rate")
+            st.dataframe(flips, hide_index=True)
+            exports.table_downloads(flips, "quant_flip_rate")
+            chosen = mine.get((dtype, target)) or list(mine.values())[-1]
+            st.metric(
+                f"Δ mean log-prob of the next token ({chosen.dtype}, {chosen.target})",
+                f"{chosen.delta_logprob:+.4f}",
+                help="Quantised − original, mean over the prompt's positions",
+            )
+            exports.show_chart(margin_flips_chart(chosen.margin_frame()), "quant_margins")
+            st.markdown(f"**Tokens whose experts changed** ({chosen.dtype}, {chosen.target})")
+            flipped = chosen.flips_frame()
+            if flipped.empty:
+                st.success("No token changed its experts.")
+            else:
+                st.dataframe(flipped, hide_index=True)
+                exports.table_downloads(flipped, "quant_flipped_tokens")
+                labels = {
+                    f"layer {row.layer} · {row.pos}:{row.token}": (int(row.layer), int(row.seq), int(row.pos))
+                    for row in flipped.itertuples()
+                }
+                pick = st.selectbox("See a flipped token's scores", list(labels), key="quant_flip_pick")
+
+                def open_on(layer: int, seq: int, pos: int) -> None:
+                    options = {key: label for label, key in token_options(trace.tokens).items()}
+                    st.session_state["layer"] = str(layer)
+                    st.session_state["token"] = options.get((seq, pos), st.session_state.get("token"))
+                    pickers.open_why_on(seq, pos)
+                    st.session_state["deployment_go_why"] = True
+
+                st.button(
+                    "Open its scores on the Why page",
+                    key="quant_open_why",
+                    icon=":material/help:",
+                    on_click=open_on,
+                    args=labels[pick],
+                    disabled=on_corpus,
+                    help="The Why page explains the prompt (turn the corpus off)" if on_corpus else None,
+                )
+                if st.session_state.pop("deployment_go_why", False):
+                    st.switch_page("pages/why.py")
+            st.markdown("**Model bytes per format**")
+            st.dataframe(chosen.bytes_frame(), hide_index=True)
+            exports.table_downloads(chosen.bytes_frame(), "quant_bytes")
+            deployment.definitions("Quantisation", chosen.definition)
+
+if size_tab.open is not False:
+    with size_tab:
+        a, b, c, d = st.columns(4)
+        size_dtype = a.selectbox("Weights", FORMATS, key="size_dtype")
+        context = b.number_input("Context (tokens)", 1, 10_000_000, 32_768, step=1024, key="size_context")
+        batch = c.number_input("Sequences at once", 1, 100_000, 1, key="size_batch")
+        gpu_gib = d.number_input("GPU memory (GiB)", 1, 10_000, 80, key="size_gpu_gib")
+        with stop_on_error():
+            sizes = [size, *deployment.known_sizes()]
+            table = deployment.size_table(
+                sizes, FORMATS, size_dtype, int(context), int(batch), float(gpu_gib)
+            )
+        exports.show_chart(params_chart(table), "size_params")
+        st.dataframe(
+            table,
+            hide_index=True,
+            column_config={
+                **{
+                    name: st.column_config.NumberColumn(format="compact")
+                    for name in ("total_params", "active_params")
+                },
+                **{
+                    name: st.column_config.NumberColumn(format="bytes", help="Exact values in the downloads")
+                    for name in table.columns
+                    if name.startswith(("bytes_", "kv_bytes"))
+                },
+            },
+        )
+        st.caption(
+            "Parameters counted from each architecture's config on the meta device (no weights). The first "
+            "row is the loaded model. GPUs needed: weights at the chosen format plus the KV cache of the "
+            "chosen context and sequences (bf16), in 90% of each GPU's memory."
+        )
+        exports.table_downloads(table, "model_sizes")
+        deployment.definitions("Model size", size.definition)

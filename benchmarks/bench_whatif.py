@@ -1,0 +1,136 @@
+"""Deployment what-if benchmark: the simulators over a store of ~1 M routed tokens × 8 MoE layers.
+
+Targets (issue 16): expert parallelism < 2 s, all cache policies at one C < 5 s, capacity replay for 4 CFs
+< 2 s. CPU time (`time.process_time`, one torch/numpy thread) over 3 repeats, median and spread.
+The routing is synthetic but shaped like real routing: Zipf-skewed expert popularity and temporal locality
+(a token repeats its predecessor's experts half of the time), so caches and placements have something to
+find. Reading the store into `Routes` is timed separately.
+
+Run: .venv/bin/python benchmarks/bench_whatif.py [--experts 8] [--tokens 1048576]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from moeviz.store.layout import append_manifest
+from moeviz.store.schema import store_schema
+from moeviz.store.writer import finish_run, prepare_run
+from moeviz.whatif.capacity import replay_capacity
+from moeviz.whatif.ep import EPConfig, simulate_ep
+from moeviz.whatif.offload import POLICIES, simulate_offload_policies
+from moeviz.whatif.routes import routes_from_store
+
+LAYERS, K, SEQ = 8, 2, 1024
+
+
+def synthetic_experts(rng: np.random.Generator, tokens: int, experts: int) -> np.ndarray:
+    """[tokens, K] distinct experts per token: Zipf popularity, half of the tokens repeat the previous set."""
+    popularity = 1.0 / np.arange(1, experts + 1) ** 0.8
+    popularity = rng.permutation(popularity / popularity.sum())
+    keys = rng.random((tokens, experts)) ** (1.0 / popularity)  # weighted sampling without replacement
+    fresh = np.argsort(-keys, axis=1)[:, :K]
+    repeat = rng.random(tokens) < 0.5
+    repeat[::SEQ] = False  # a sequence starts fresh
+    source = np.maximum.accumulate(np.where(repeat, 0, np.arange(tokens)))
+    return fresh[source]
+
+
+def write_store(root: Path, tokens: int, experts: int) -> None:
+    rng = np.random.default_rng(0)
+    folder, _ = prepare_run(root, "synthetic", "final", {"source": "synthetic"}, resume=False)
+    layers = []
+    for layer in range(LAYERS):
+        chosen = synthetic_experts(rng, tokens, experts)
+        n = tokens * K
+        weight = rng.random((tokens, K), dtype=np.float32)
+        weight = -np.sort(-weight / weight.sum(1, keepdims=True), axis=1)
+        zeros = pa.array(np.zeros(n, np.int32))
+        dictionary = lambda value, zeros=zeros: pa.DictionaryArray.from_arrays(zeros, pa.array([value]))  # noqa: E731
+        token = np.repeat(np.arange(tokens), K)
+        columns = {
+            "model": dictionary("synthetic"),
+            "checkpoint": dictionary("final"),
+            "batch": pa.array(np.full(n, layer, np.int32)),
+            "doc": pa.array((token // SEQ).astype(np.int32)),
+            "domain": dictionary(""),
+            "seq": pa.array((token // SEQ).astype(np.int64)),
+            "pos": pa.array((token % SEQ).astype(np.int32)),
+            "token_id": pa.array(rng.integers(0, 32000, n).astype(np.int32)),
+            "layer": pa.array(np.full(n, layer, np.int16)),
+            "site": dictionary("mlp"),
+            "rank": pa.array(np.tile(np.arange(K, dtype=np.int8), tokens)),
+            "expert": pa.array(chosen.reshape(-1).astype(np.int16)),
+            "weight": pa.array(weight.reshape(-1)),
+            "score": pa.array(weight.reshape(-1)),
+            "lse": pa.array(np.zeros(n, np.float32)),
+        }
+        name = f"part-{layer:06d}.parquet"
+        table = pa.Table.from_pydict(columns, schema=store_schema())
+        pq.write_table(table, folder / name, compression="zstd")
+        entry = {"batch": layer, "file": name, "rows": n, "bytes": (folder / name).stat().st_size}
+        append_manifest(folder / "manifest.jsonl", {**entry, "tokens": tokens, "token_hash": ""})
+        layers.append({"site": "mlp", "layer": layer, "num_experts": experts, "k": K})
+    finish_run(folder, LAYERS, layers)
+
+
+def timed(fn) -> float:
+    start = time.process_time()
+    fn()
+    return time.process_time() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--experts", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=2**20)
+    parser.add_argument("--cache", type=int, default=4)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "store"
+        write_store(root, args.tokens, args.experts)
+        read = []
+        for _ in range(3):
+            read.append(timed(lambda: routes_from_store(root)))
+        routes = routes_from_store(root)
+    gpus = 4 if args.experts % 4 == 0 else 2
+    ep = EPConfig(gpus=gpus, gpus_per_node=2, hidden_size=4096)
+    eplb = EPConfig(gpus=gpus, gpus_per_node=2, redundant=gpus, placement="eplb", hidden_size=4096)
+    cfs = (1.0, 1.25, 1.5, 2.0)
+    contenders = {
+        f"expert parallelism, contiguous, {gpus} GPUs": lambda: simulate_ep(routes, ep),
+        f"expert parallelism, EPLB fit + replay, {gpus} GPUs + {gpus} redundant": lambda: simulate_ep(
+            routes, eplb
+        ),
+        f"offload cache C={args.cache}, {len(POLICIES)} policies ({', '.join(POLICIES)})": lambda: (
+            simulate_offload_policies(routes, args.cache, POLICIES)
+        ),
+        "capacity replay, 4 CFs (probs)": lambda: replay_capacity(routes, cfs, policy="probs"),
+        "capacity replay, 4 CFs (position)": lambda: replay_capacity(routes, cfs, policy="position"),
+    }
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(3):  # interleaved
+        for name, run in contenders.items():
+            times[name].append(timed(run))
+    shape = f"E={args.experts}, k={K}, sequences of {SEQ}"
+    print(f"{routes.tokens:,} routed tokens × {len(routes.layers)} layers, {shape}")
+    for name, values in {"read the store into Routes": read, **times}.items():
+        spread = f"{min(values):.2f}–{max(values):.2f}"
+        print(f"  {name}: {statistics.median(values):.2f} s CPU (spread {spread})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,422 @@
+"""Expert offloading: per MoE layer a GPU cache of C experts, the rest in CPU RAM, replayed over real routing.
+
+Definitions (docs/deployment-whatifs.md): step s (one token, in decode order within its stream) needs its
+distinct experts R_s resident at once; demand loads only; the victim is never in R_s; cold start per stream.
+hit rate = hits / Σ|R_s|; bytes = misses × expert bytes (cold misses count); stall = bytes / bandwidth (no
+overlap: an upper bound). Policies:
+
+- ``lru`` as dvmazur/mixtral-offloading ``src/expert_cache.py``: the step's resident experts are touched first
+  (ascending id), then misses load in ascending id, each evicting the least recently used;
+- ``lfu``: fewest accesses so far (counts kept after eviction), ties → least recently used → lowest id;
+- ``belady``: evict the farthest next use within the stream (never again = infinitely far), ties → lowest id.
+
+Every (layer, stream) pair is an independent cache, so all of them are simulated at once: the only Python loop
+runs over the step index within a stream. Because the victim is never in R_s and the step's own loads are
+never evicted, the m misses of a step evict exactly the m smallest eviction keys among the other residents,
+whatever order they load in; each policy packs its tie-breaks into one int64 key so an argmin decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from moeviz.errors import InputError
+from moeviz.whatif.routes import Routes
+
+POLICIES = ("lru", "lfu", "belady")
+DEFINITIONS = {
+    "lru": "LRU as dvmazur/mixtral-offloading src/expert_cache.py (hits touched first in ascending id, "
+    "then misses load in ascending id, each evicting the least recently used)",
+    "lfu": "LFU (fewest accesses so far, counts kept after eviction; ties → least recently used → lowest id)",
+    "belady": "Belady (evict the farthest next use within the stream; never again = infinitely far; "
+    "ties → lowest id)",
+}
+COMMON = "cold start per stream; demand loads only; stall = bytes / bandwidth (no overlap: an upper bound)"
+_PROTECTED = np.iinfo(np.int64).max  # key of a slot holding an expert of the current step: never evicted
+_EMPTY = -1  # key of a free slot: below every real key, so a miss fills free slots before evicting
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """Every layer's streams as rows of one batch, rows ordered by stream length (longest first).
+
+    - flat [T, B, k] intp: row·E + expert of step t's distinct experts (ascending id), `dummy` = no expert
+    - active [T] int: rows still decoding at step t (rows are sorted, so the active rows are a prefix)
+    - row_layer [B] int: index into `layers` of each row
+    - requested [B] int: Σ|R_s| of each row
+    - steps [L] int: tokens (decode steps) of each layer
+    """
+
+    flat: np.ndarray
+    active: np.ndarray
+    row_layer: np.ndarray
+    requested: np.ndarray
+    steps: np.ndarray
+    experts: int
+    k: int
+    layers: list[int]
+    model: str
+    tokens: int
+
+    @property
+    def rows(self) -> int:
+        return int(self.flat.shape[1])
+
+    @property
+    def dummy(self) -> int:
+        return self.rows * self.experts
+
+
+def _sort_rows(values: np.ndarray) -> np.ndarray:
+    """[N, k] rows sorted ascending. numpy sorts short rows one call each; for small k a bubble network of
+    column-wise min/max is several times faster."""
+    if values.shape[1] > 8:
+        return np.sort(values, axis=1)
+    cols = [values[:, j] for j in range(values.shape[1])]
+    for end in range(len(cols) - 1, 0, -1):
+        for j in range(end):
+            cols[j], cols[j + 1] = np.minimum(cols[j], cols[j + 1]), np.maximum(cols[j], cols[j + 1])
+    return np.stack(cols, axis=1)
+
+
+def _sorted_distinct(experts: np.ndarray, sentinel: int) -> np.ndarray:
+    """[N, k] → [N, k]: each token's distinct experts ascending, dropped slots and repeats as `sentinel`."""
+    ordered = _sort_rows(np.where(experts < 0, sentinel, experts))
+    repeat = np.zeros_like(ordered, dtype=bool)
+    repeat[:, 1:] = ordered[:, 1:] == ordered[:, :-1]
+    return _sort_rows(np.where(repeat, sentinel, ordered))
+
+
+def _prepare(routes: Routes) -> _Prepared:
+    experts = max(int(r.num_experts) for r in routes.layers)
+    k = max(r.k for r in routes.layers)
+    pieces = []  # (layer index, stream start, stream length, sorted distinct experts of the layer)
+    for li, layer in enumerate(routes.layers):
+        n = layer.tokens
+        if n == 0:
+            continue
+        starts = np.flatnonzero(np.r_[True, layer.stream[1:] != layer.stream[:-1]])
+        lengths = np.diff(np.r_[starts, n])
+        distinct = np.full((n, k), experts, dtype=np.int64)
+        distinct[:, : layer.k] = _sorted_distinct(layer.experts.astype(np.int64), experts)
+        pieces.append((li, starts, lengths, distinct))
+    if not pieces:
+        raise InputError(f"{routes.model}: no routed token to replay")
+    row_layer = np.concatenate([np.full(len(p[1]), p[0]) for p in pieces])
+    lengths = np.concatenate([p[2] for p in pieces])
+    order = np.argsort(-lengths, kind="stable")  # longest first: active rows form a prefix at every step
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    rows, longest = len(order), int(lengths.max())
+    dummy = rows * experts
+    flat = np.full((longest, rows, k), dummy, dtype=np.intp)
+    requested = np.zeros(rows, dtype=np.int64)
+    offset = 0
+    for _, starts, lens, distinct in pieces:
+        row = rank[offset + np.repeat(np.arange(len(starts)), lens)]
+        step = np.arange(len(row)) - np.repeat(starts, lens)
+        valid = distinct < experts
+        flat[step, row] = np.where(valid, row[:, None] * experts + distinct, dummy)
+        requested += np.bincount(row, weights=valid.sum(1), minlength=rows).astype(np.int64)
+        offset += len(starts)
+    sorted_lengths = lengths[order]
+    active = np.searchsorted(-sorted_lengths, -np.arange(longest), side="left")
+    steps = np.zeros(len(routes.layers), dtype=np.int64)
+    np.add.at(steps, row_layer, lengths)
+    return _Prepared(
+        flat=flat,
+        active=active.astype(np.int64),
+        row_layer=row_layer[order],
+        requested=requested,
+        steps=steps,
+        experts=experts,
+        k=k,
+        layers=[r.layer for r in routes.layers],
+        model=routes.model,
+        tokens=routes.tokens,
+    )
+
+
+def _next_use(prep: _Prepared) -> np.ndarray:
+    """[T, B, k] int32: the step at which this access's expert is next needed in its stream (T = never)."""
+    longest = prep.flat.shape[0]
+    seen = np.full(prep.dummy + 1, longest, dtype=np.int32)
+    out = np.empty(prep.flat.shape, dtype=np.int32)
+    for t in range(longest - 1, -1, -1):  # backwards: `seen` holds each expert's next step after t
+        f = prep.flat[t, : prep.active[t]]
+        out[t, : prep.active[t]] = seen[f]
+        seen[f] = t
+    return out
+
+
+def _simulate(prep: _Prepared, cache: int, policy: str) -> tuple[np.ndarray, np.ndarray]:
+    """(misses [B] per row, misses [T] per step summed over rows).
+
+    State is slot-major so every per-step reduction runs over the long row axis: slot_key [S, B] holds
+    key·S + slot (the argmin is the min, victim = min mod S), free slots −S..−1 (filled before any eviction);
+    slot_of [B·E + 1] maps (row, expert) to its slot or −1; slot_expert [S, B] maps back."""
+    rows, experts, k, dummy = prep.rows, prep.experts, prep.k, prep.dummy
+    longest = prep.flat.shape[0]
+    slots = min(cache, experts)  # more slots than experts never fill
+    slot_of = np.full(dummy + 1, -1, dtype=np.intp)
+    slot_expert = np.full((slots, rows), dummy, dtype=np.intp)
+    slot_key = np.repeat(np.arange(-slots, 0, dtype=np.int64)[:, None], rows, axis=1)
+    keys_flat, expert_flat = slot_key.reshape(-1), slot_expert.reshape(-1)
+    counts = np.zeros(dummy + 1, dtype=np.int64) if policy == "lfu" else None
+    nxt = _next_use(prep) if policy == "belady" else None
+    lru_span = (longest + 1) * 2 * k  # room for every recency key below it: packs (count, recency) for LFU
+    row_misses = np.zeros(rows, dtype=np.int64)
+    step_misses = np.zeros(longest, dtype=np.int64)
+    col = np.arange(k)
+    for t in range(longest):
+        na = int(prep.active[t])
+        f = prep.flat[t, :na]  # [na, k]
+        row = np.arange(na)
+        valid = f != dummy
+        slot = slot_of[f]
+        miss = valid & (slot < 0)
+        for j in range(k):  # column by column: reductions over a short last axis are slow in numpy
+            row_misses[:na] += miss[:, j]
+        step_misses[t] = int(np.count_nonzero(miss))
+        hit = valid & ~miss
+        keys_flat[(slot * rows + row[:, None])[hit]] = _PROTECTED  # the step's hits are never victims
+        for j in range(k):
+            who = np.flatnonzero(miss[:, j])
+            if len(who) == 0:
+                continue
+            victim = slot_key[:, :na].min(0)[who] % slots
+            at = victim * rows + who
+            keys_flat[at] = _PROTECTED  # the step's own loads are never victims either
+            slot_of[expert_flat[at]] = -1
+            expert_flat[at] = f[who, j]
+            slot_of[f[who, j]] = victim
+            slot[who, j] = victim
+        new = _keys(policy, t, f, miss, col, k, lru_span, counts, experts, longest, nxt, na)
+        keys_flat[(slot * rows + row[:, None])[valid]] = (new * slots + slot)[valid]
+    return row_misses, step_misses
+
+
+def _keys(
+    policy: str,
+    t: int,
+    f: np.ndarray,
+    miss: np.ndarray,
+    col: np.ndarray,
+    k: int,
+    lru_span: int,
+    counts: np.ndarray | None,
+    experts: int,
+    longest: int,
+    nxt: np.ndarray | None,
+    na: int,
+) -> np.ndarray:
+    """[na, k] int64 eviction keys after step t's accesses; the smallest key is evicted first."""
+    if policy == "belady":
+        # farthest next use first, never again (= longest) before all, ties → lowest id
+        return (longest - nxt[t, :na].astype(np.int64)) * experts + f % experts
+    # recency: step t, hits (ascending id) before misses (ascending id), as mixtral-offloading touches them
+    recency = t * 2 * k + miss * k + col
+    if policy == "lru":
+        return recency
+    counts[f] += 1  # f holds distinct experts per row (repeats only at the dummy), so no np.add.at needed
+    return counts[f] * lru_span + recency
+
+
+@dataclass(frozen=True)
+class OffloadResult:
+    """One policy at one cache size, every MoE layer. Arrays are per layer [L] unless said otherwise.
+
+    step_misses [T]: misses at each decode step (step index within its stream), over all streams and layers.
+    """
+
+    model: str
+    tokens: int
+    policy: str
+    cache: int
+    expert_bytes: int
+    bandwidth_gbps: float
+    step_time_s: float | None
+    layers: list[int]
+    steps: np.ndarray
+    requested: np.ndarray
+    misses: np.ndarray
+    step_misses: np.ndarray
+
+    @property
+    def definition(self) -> str:
+        timing = (
+            "" if self.step_time_s is None else f"; tokens/s bound adds {self.step_time_s:g} s compute/step"
+        )
+        return f"{DEFINITIONS[self.policy]}; {COMMON}{timing}"
+
+    @property
+    def hits(self) -> np.ndarray:
+        return self.requested - self.misses
+
+    @property
+    def hit_rate(self) -> float:
+        """Over all layers: Σ hits / Σ |R_s|."""
+        total = int(self.requested.sum())
+        return float(self.hits.sum() / total) if total else float("nan")
+
+    @property
+    def stall_s(self) -> np.ndarray:
+        return self.misses * self.expert_bytes / (self.bandwidth_gbps * 1e9)
+
+    def _time_s(self) -> np.ndarray:
+        return self.stall_s + (0.0 if self.step_time_s is None else self.steps * self.step_time_s)
+
+    @property
+    def tokens_per_s_bound(self) -> float:
+        """Layers run in sequence: tokens / (total stall over layers [+ compute])."""
+        total = float(self._time_s().sum())
+        return self.tokens / total if total > 0 else float("inf")
+
+    def layers_frame(self) -> pd.DataFrame:
+        requested = np.maximum(self.requested, 1)
+        time_s = self._time_s()
+        with np.errstate(divide="ignore"):
+            bound = np.where(time_s > 0, self.steps / np.where(time_s > 0, time_s, 1.0), np.inf)
+        return pd.DataFrame(
+            {
+                "layer": self.layers,
+                "policy": self.policy,
+                "cache": self.cache,
+                "hits": self.hits,
+                "misses": self.misses,
+                "hit_rate": np.where(self.requested > 0, self.hits / requested, np.nan),
+                "bytes": self.misses * self.expert_bytes,
+                "stall_s": self.stall_s,
+                "tokens_per_s_bound": bound,
+            }
+        )
+
+    def steps_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(
+            {
+                "step": np.arange(len(self.step_misses)),
+                "cumulative_bytes": np.cumsum(self.step_misses) * self.expert_bytes,
+            }
+        )
+
+    def to_json(self) -> dict:
+        frame = self.layers_frame()
+        layers = [
+            {
+                "layer": int(row.layer),
+                "policy": self.policy,
+                "cache": self.cache,
+                "hits": int(row.hits),
+                "misses": int(row.misses),
+                "hit_rate": float(row.hit_rate),
+                "bytes": int(row.bytes),
+            }
+            for row in frame.itertuples()
+        ]
+        return {"model": self.model, "tokens": self.tokens, "definition": self.definition, "layers": layers}
+
+
+def _check(prep: _Prepared, cache: int, policy: str) -> None:
+    if policy not in POLICIES:
+        raise InputError(f"unknown offload policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    if cache < prep.k:
+        raise InputError(
+            f"a cache of {cache} experts cannot hold one token's {prep.k} experts at once; "
+            f"use a cache ≥ {prep.k}"
+        )
+
+
+def _result(prep: _Prepared, cache: int, policy: str, **costs) -> OffloadResult:
+    _check(prep, cache, policy)
+    row_misses, step_misses = _simulate(prep, cache, policy)
+    count = len(prep.layers)
+    return OffloadResult(
+        model=prep.model,
+        tokens=prep.tokens,
+        policy=policy,
+        cache=cache,
+        layers=prep.layers,
+        steps=prep.steps,
+        requested=np.bincount(prep.row_layer, weights=prep.requested, minlength=count).astype(np.int64),
+        misses=np.bincount(prep.row_layer, weights=row_misses, minlength=count).astype(np.int64),
+        step_misses=step_misses,
+        **costs,
+    )
+
+
+def simulate_offload(
+    routes: Routes,
+    cache: int,
+    policy: str,
+    expert_bytes: int,
+    bandwidth_gbps: float = 16.0,
+    step_time_s: float | None = None,
+) -> OffloadResult:
+    """Replay every layer's routing through a cache of `cache` experts per layer under `policy`.
+
+    Each stream is one sequence decoded on its own (cold start); all layers and streams are simulated at
+    once. `step_time_s` (optional) is compute time per decode step per layer, added to the stall for the
+    tokens/s bound."""
+    (result,) = simulate_offload_policies(routes, cache, (policy,), expert_bytes, bandwidth_gbps, step_time_s)
+    return result
+
+
+def simulate_offload_policies(
+    routes: Routes,
+    cache: int,
+    policies: Sequence[str] = POLICIES,
+    expert_bytes: int = 1,
+    bandwidth_gbps: float = 16.0,
+    step_time_s: float | None = None,
+) -> list[OffloadResult]:
+    """`simulate_offload` for several policies at once: the routes are laid out for replay only once."""
+    if bandwidth_gbps <= 0:
+        raise InputError(f"bandwidth must be positive, got {bandwidth_gbps} GB/s")
+    prep = _prepare(routes)
+    for policy in policies:
+        _check(prep, cache, policy)
+    costs = {
+        "expert_bytes": int(expert_bytes),
+        "bandwidth_gbps": float(bandwidth_gbps),
+        "step_time_s": step_time_s,
+    }
+    return [_result(prep, cache, policy, **costs) for policy in policies]
+
+
+def hit_rate_curve(
+    routes: Routes,
+    caches: Sequence[int],
+    policies: Sequence[str] = POLICIES,
+    expert_bytes: int = 1,
+) -> pd.DataFrame:
+    """Hit rate against cache size per policy. Columns: policy, cache, hit_rate (Σ hits / Σ |R_s| over all
+    layers), layer_mean_hit_rate, misses, bytes."""
+    prep = _prepare(routes)
+    rows = []
+    for policy in policies:
+        for cache in caches:
+            result = _result(
+                prep,
+                int(cache),
+                policy,
+                expert_bytes=int(expert_bytes),
+                bandwidth_gbps=16.0,
+                step_time_s=None,
+            )
+            per_layer = result.layers_frame()["hit_rate"]
+            misses = int(result.misses.sum())
+            rows.append(
+                {
+                    "policy": policy,
+                    "cache": int(cache),
+                    "hit_rate": result.hit_rate,
+                    "layer_mean_hit_rate": float(per_layer.mean()),
+                    "misses": misses,
+                    "bytes": misses * int(expert_bytes),
+                }
+            )
+    return pd.DataFrame(rows)

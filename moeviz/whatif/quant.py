@@ -1,0 +1,403 @@
+"""Does quantising the weights change which experts are chosen? Fake-quantise the router and/or the experts,
+run the same tokens through the original and the quantised copy, and compare the routing.
+
+Definitions (docs/deployment-whatifs.md, "Quantisation"): fake-quantisation per output channel (a row of W
+in `F.linear`), symmetric absmax; flip rate 1 − |S ∩ S′| / k; top-1 agreement by combination weight; router
+margin m = min score(S) − max score(eligible ∉ S) on the original model's selection scores.
+
+The loaded model is never modified (the app shares it between threads): the quantised model is a copy that
+shares every untouched tensor with the original and holds new tensors only for the quantised weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from moeviz.analysis.confidence import eligible_experts
+from moeviz.capture.routing import capture, token_batch
+from moeviz.errors import InputError
+from moeviz.models.loading import LoadedModel
+from moeviz.models.sites import MoESite, find_moe_sites
+from moeviz.trace import LayerRouting, Trace
+
+DTYPES = ("int8", "fp8", "int4")
+TARGETS = ("experts", "router", "both")
+FORMATS = ("bf16", "fp8", "int8", "int4")
+INT4_GROUP = 128
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+# Bytes per stored element and per scale. Per-row scales of INT8/FP8 are fp32 (vLLM's per-channel scales);
+# INT4 group scales are 16-bit (GPTQ/AWQ store fp16 scales).
+ELEMENT_BYTES = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+SCALE_BYTES = {"bf16": 0, "fp8": 4, "int8": 4, "int4": 2}
+DEFINITION = (
+    "per-output-channel symmetric absmax fake-quantisation (INT8 ±127 round-half-even, FP8 e4m3 scaled "
+    "to 448, INT4 ±7 in groups of 128); flip rate = mean 1 − |S∩S′|/k; margin = min score(S) − "
+    "max score(eligible ∉ S) on the original selection scores (docs/deployment-whatifs.md)"
+)
+
+
+# ---- fake-quantisation ----------------------------------------------------------------------------------
+def fake_quantise(weight: torch.Tensor, dtype: str, input_dim: int = -1) -> torch.Tensor:
+    """Weight [..., out, in] (the `F.linear` layout; fused experts [E, out, in]) fake-quantised per output
+    channel along `input_dim` (-1; -2 for transposed [E, in, out] expert tensors), returned in the weight's
+    dtype. A zero row stays zero.
+
+    INT4 groups of 128 run along the input dim; when it is not a multiple of 128 the last group is shorter
+    (the same as zero-padding it to 128: zeros change neither the absmax nor the other values)."""
+    if dtype not in DTYPES:
+        raise InputError(f"unknown quantisation dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if not weight.is_floating_point():
+        raise InputError(f"cannot fake-quantise a {weight.dtype} tensor (already quantised?)")
+    w = weight.detach().float().movedim(input_dim, -1)
+    if dtype == "int4":
+        out = _int4_groups(w)
+    else:
+        qmax = 127.0 if dtype == "int8" else FP8_MAX
+        scale = _scale(w, qmax)
+        if dtype == "int8":
+            out = torch.clamp(torch.round(w / scale), -qmax, qmax) * scale  # torch.round: half to even
+        else:
+            out = (w / scale).to(torch.float8_e4m3fn).float() * scale
+    return out.movedim(-1, input_dim).to(weight.dtype)
+
+
+def _scale(w: torch.Tensor, qmax: float) -> torch.Tensor:
+    """[..., in] -> [..., 1] absmax / qmax; 1 for an all-zero row (its values quantise to 0 either way)."""
+    scale = w.abs().amax(dim=-1, keepdim=True) / qmax
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
+def _int4_groups(w: torch.Tensor) -> torch.Tensor:
+    """[..., in] fake-quantised to INT4 (±7, round half to even) in groups of 128 along the last dim."""
+    width = w.shape[-1]
+    pad = (-width) % INT4_GROUP
+    padded = torch.nn.functional.pad(w, (0, pad)) if pad else w
+    groups = padded.reshape(*padded.shape[:-1], -1, INT4_GROUP)
+    scale = _scale(groups, 7.0)
+    quantised = torch.clamp(torch.round(groups / scale), -7.0, 7.0) * scale
+    return quantised.reshape(padded.shape)[..., :width]
+
+
+# ---- which weights ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Target:
+    """One weight to quantise: its name in the model, the parameter, its input dim and its role."""
+
+    name: str
+    param: nn.Parameter
+    input_dim: int
+    role: str  # "router" | "experts"
+
+
+def target_weights(model: nn.Module, sites: Sequence[MoESite], target: str) -> list[Target]:
+    """The weight matrices `target` names: "router" = each MoE site's router weight [E, H]; "experts" = the
+    routed experts' weight matrices and tensors (fused [E, out, in] or per-expert Linear) plus the shared
+    experts' (not biases, norms or Qwen's shared-expert gate); "both" = both. Dense layers are never
+    touched."""
+    if target not in TARGETS:
+        raise InputError(f"unknown quantisation target {target!r}; choose one of {', '.join(TARGETS)}")
+    names = {id(p): n for n, p in model.named_parameters()}
+    modules = dict(model.named_modules())
+    found: dict[int, Target] = {}
+
+    def add(module: nn.Module | None, role: str) -> None:
+        if module is None:
+            return
+        transposed = bool(getattr(module, "is_transposed", False))  # gpt-oss keeps experts as [E, in, out]
+        for param in module.parameters():
+            if param.dim() < 2 or id(param) in found:
+                continue
+            input_dim = -2 if transposed and param.dim() == 3 else -1
+            found[id(param)] = Target(names.get(id(param), "?"), param, input_dim, role)
+
+    for site in sites:
+        block = modules.get(site.name.rsplit(".", 1)[0]) if "." in site.name else model
+        if target in ("router", "both"):
+            add(site.router, "router")
+        if target in ("experts", "both"):
+            add(site.experts if site.experts is not None else getattr(block, "experts", None), "experts")
+            shared = getattr(block, "shared_experts", None) or getattr(block, "shared_expert", None)
+            add(shared if isinstance(shared, nn.Module) else None, "experts")
+    return list(found.values())
+
+
+def quantised_copy(loaded: LoadedModel, dtype: str, target: str) -> tuple[LoadedModel, list[Target]]:
+    """A LoadedModel whose model is a copy of `loaded.model` with the `target` weights fake-quantised.
+
+    Untouched parameters and buffers are the original tensors (shared, never written); the targeted ones
+    are new. Hooks are not carried over: hooks another thread installed on the original write to the
+    recorder of whichever thread runs a forward, so a copied one would record into ours."""
+    model = loaded.model
+    targets = target_weights(model, loaded.sites, target)
+    if getattr(model, "_hf_hook", None) is not None:
+        raise InputError("quantisation what-ifs need a model loaded on one device (no device_map)")
+    memo: dict[int, object] = {id(t): t for t in model.parameters()}
+    memo.update({id(t): t for t in model.buffers()})
+    with torch.no_grad():
+        for t in targets:
+            memo[id(t.param)] = nn.Parameter(fake_quantise(t.param, dtype, t.input_dim), requires_grad=False)
+    twin = copy.deepcopy(model, memo)
+    for module in twin.modules():
+        for attr in (
+            "_forward_hooks",
+            "_forward_pre_hooks",
+            "_forward_hooks_with_kwargs",
+            "_forward_pre_hooks_with_kwargs",
+            "_forward_hooks_always_called",
+        ):
+            if hasattr(module, attr):
+                setattr(module, attr, type(getattr(module, attr))())
+    twin.eval()
+    return dataclasses.replace(loaded, model=twin, sites=find_moe_sites(twin)), targets
+
+
+# ---- comparison -----------------------------------------------------------------------------------------
+def _set_mask(experts: np.ndarray, num_experts: int) -> np.ndarray:
+    """[N, k] ids (-1 = dropped) -> [N, E] bool membership."""
+    mask = np.zeros((experts.shape[0], num_experts), dtype=bool)
+    rows, slots = np.nonzero(experts >= 0)
+    mask[rows, experts[rows, slots]] = True
+    return mask
+
+
+def flip_fraction(before: np.ndarray, after: np.ndarray, num_experts: int) -> np.ndarray:
+    """Per token [N]: 1 − |S ∩ S′| / k for dispatched ids before/after [N, k] (-1 never matches)."""
+    k = before.shape[1]
+    common = (_set_mask(before, num_experts) & _set_mask(after, num_experts)).sum(axis=1)
+    return 1.0 - common / k
+
+
+def top1_expert(routing: LayerRouting) -> np.ndarray:
+    """[N] the expert with the largest combination weight (slot order is not trusted: group-limited
+    routers do not sort their top-k)."""
+    slot = np.argmax(routing.weights, axis=1)
+    return routing.experts[np.arange(len(slot)), slot]
+
+
+def router_margin(routing: LayerRouting) -> np.ndarray:
+    """[N] m = min score(S) − max score(eligible ∉ S) on the selection scores; eligible = every expert, or the
+    chosen groups' experts for group-limited routers. +inf when no eligible expert lies outside S."""
+    values = np.asarray(routing.selection_scores, dtype=np.float64)
+    chosen = _set_mask(routing.experts, routing.num_experts)
+    eligible = eligible_experts(routing, routing.experts)
+    outside = ~chosen if eligible is None else eligible & ~chosen
+    inside = np.where(chosen, values, np.inf).min(axis=1)
+    best_out = np.where(outside, values, -np.inf).max(axis=1)
+    return inside - best_out
+
+
+def margin_quartiles(margin: np.ndarray) -> np.ndarray:
+    """[N] quartile 1..4 by rank of the margin (1 = lowest; equal-size quartiles, ties by token order)."""
+    n = len(margin)
+    ranks = np.empty(n, dtype=np.int64)
+    ranks[np.argsort(margin, kind="stable")] = np.arange(n)
+    return (ranks * 4 // max(n, 1)) + 1
+
+
+def _labels(experts: np.ndarray) -> list[str]:
+    return [",".join(str(int(e)) for e in sorted(row[row >= 0])) for row in experts]
+
+
+@dataclass(frozen=True)
+class QuantResult:
+    """Routing of the original vs the fake-quantised model over the same tokens.
+
+    layers: one row per MoE layer (layer, site, dtype, target, flip_rate, top1_agreement, tokens);
+    margins: per layer and quartile of the original margin; flips: one row per token whose set changed;
+    delta_logprob: mean over the sequence of log p_q(x_{t+1}) − log p(x_{t+1}) (NaN for encoder-decoders);
+    bytes: model bytes per format (the targeted weights at that format plus scales, the rest at bf16).
+    """
+
+    model: str
+    dtype: str
+    target: str
+    tokens: int
+    layers: pd.DataFrame
+    margins: pd.DataFrame
+    flips: pd.DataFrame
+    delta_logprob: float
+    bytes: pd.DataFrame
+    quantised_params: int
+    before: Trace
+    after: Trace
+    definition: str = DEFINITION
+
+    def layers_frame(self) -> pd.DataFrame:
+        return self.layers.copy()
+
+    def margin_frame(self) -> pd.DataFrame:
+        return self.margins.copy()
+
+    def flips_frame(self) -> pd.DataFrame:
+        return self.flips.copy()
+
+    def bytes_frame(self) -> pd.DataFrame:
+        return self.bytes.copy()
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.model,
+            "tokens": int(self.tokens),
+            "definition": self.definition,
+            "delta_logprob": float(self.delta_logprob),
+            "layers": [
+                {
+                    "layer": int(r.layer),
+                    "dtype": self.dtype,
+                    "target": self.target,
+                    "flip_rate": float(r.flip_rate),
+                    "top1_agreement": float(r.top1_agreement),
+                }
+                for r in self.layers.itertuples()
+            ],
+        }
+
+
+def compare_layer(before: LayerRouting, after: LayerRouting) -> dict[str, np.ndarray]:
+    """Per token [N] of one layer: flip, top-1 agreement and the original margin (same tokens, same order)."""
+    if not np.array_equal(before.token_rows, after.token_rows):
+        raise ValueError(f"layer {before.layer}: the two captures routed different tokens")
+    return {
+        "flip": flip_fraction(before.experts, after.experts, before.num_experts),
+        "top1": top1_expert(before) == top1_expert(after),
+        "margin": router_margin(before),
+    }
+
+
+def _frames(before: Trace, after: Trace, dtype: str, target: str) -> tuple[pd.DataFrame, ...]:
+    layer_rows, margin_rows, flip_parts = [], [], []
+    tokens = before.tokens
+    for b in before.layers:
+        a = after.layer(b.layer, b.site)
+        per = compare_layer(b, a)
+        layer_rows.append(
+            {
+                "layer": b.layer,
+                "site": b.site,
+                "dtype": dtype,
+                "target": target,
+                "flip_rate": float(per["flip"].mean()) if len(per["flip"]) else float("nan"),
+                "top1_agreement": float(per["top1"].mean()) if len(per["top1"]) else float("nan"),
+                "tokens": len(per["flip"]),
+            }
+        )
+        quart = margin_quartiles(per["margin"])
+        for q in range(1, 5):
+            sel = quart == q
+            if sel.any():
+                m = per["margin"][sel]
+                margin_rows.append(
+                    {
+                        "layer": b.layer,
+                        "site": b.site,
+                        "quartile": q,
+                        "margin_low": float(m.min()),
+                        "margin_high": float(m.max()),
+                        "flip_rate": float(per["flip"][sel].mean()),
+                        "tokens": int(sel.sum()),
+                    }
+                )
+        flipped = np.flatnonzero(per["flip"] > 0)
+        rows = b.token_rows[flipped]
+        flip_parts.append(
+            pd.DataFrame(
+                {
+                    "layer": b.layer,
+                    "site": b.site,
+                    "row": rows,
+                    "seq": tokens["seq"].to_numpy()[rows],
+                    "pos": tokens["pos"].to_numpy()[rows],
+                    "token": tokens["token"].to_numpy()[rows],
+                    "experts_before": _labels(b.experts[flipped]),
+                    "experts_after": _labels(a.experts[flipped]),
+                    "margin": per["margin"][flipped],
+                }
+            )
+        )
+    flips = pd.concat(flip_parts, ignore_index=True) if flip_parts else pd.DataFrame()
+    return pd.DataFrame(layer_rows), pd.DataFrame(margin_rows), flips
+
+
+def model_bytes(model: nn.Module, targets: Sequence[Target]) -> pd.DataFrame:
+    """Bytes of the model's parameters per format: the targeted weights at the format (1 byte FP8/INT8 + an
+    fp32 scale per row; 0.5 byte INT4 + a 16-bit scale per group of 128 inputs), every other parameter at
+    bf16 (2 bytes). Tied weights count once. Columns format, bytes, quantised_params."""
+    targeted = {id(t.param): t for t in targets}
+    rest = sum(p.numel() for p in model.parameters() if id(p) not in targeted)
+    rows = []
+    for fmt in FORMATS:
+        total = 2.0 * rest
+        for t in targeted.values():
+            numel = t.param.numel()
+            width = t.param.shape[t.input_dim]
+            channels = numel // width
+            scales = channels * (-(-width // INT4_GROUP) if fmt == "int4" else 1)
+            total += ELEMENT_BYTES[fmt] * numel + SCALE_BYTES[fmt] * scales
+        rows.append(
+            {
+                "format": fmt,
+                "bytes": round(total),
+                "quantised_params": sum(t.param.numel() for t in targeted.values()),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _next_token_logprob(loaded: LoadedModel, ids: list[int]) -> np.ndarray:
+    """[T-1] log p(x_{t+1} | x_≤t) of one plain forward (fp32 log-softmax)."""
+    with torch.inference_mode():
+        logits = loaded.model(input_ids=torch.tensor([ids], device=loaded.device)).logits[0]
+    logp = torch.log_softmax(logits.float(), dim=-1)[:-1]
+    target = torch.tensor(ids[1:], device=logp.device)
+    return logp.gather(1, target[:, None])[:, 0].cpu().numpy()
+
+
+def quantisation_flips(
+    loaded: LoadedModel,
+    *,
+    text: str | None = None,
+    token_ids: Sequence[int] | None = None,
+    dtype: str = "int8",
+    target: str = "experts",
+    progress: Callable[[float, str], None] | None = None,
+) -> QuantResult:
+    """Route one sequence (`text` or `token_ids`) through the original and a copy with the `target` weights
+    fake-quantised to `dtype`, and compare the routing per MoE layer. `loaded.model` is never modified."""
+    if dtype not in DTYPES:
+        raise InputError(f"unknown quantisation dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    ids = token_batch(loaded, text, None if token_ids is None else [list(token_ids)])[0]
+    report = progress or (lambda _f, _m: None)
+    report(0.0, f"fake-quantising the {target} weights to {dtype}")
+    quantised, targets = quantised_copy(loaded, dtype, target)
+    report(0.2, "routing the original model")
+    before = capture(loaded, token_ids=[ids])
+    report(0.45, "routing the quantised model")
+    after = capture(quantised, token_ids=[ids])
+    delta = float("nan")
+    if not loaded.is_encoder_decoder and len(ids) > 1:
+        report(0.7, "next-token log-probabilities")
+        delta = float((_next_token_logprob(quantised, ids) - _next_token_logprob(loaded, ids)).mean())
+    layers, margins, flips = _frames(before, after, dtype, target)
+    report(1.0, "done")
+    return QuantResult(
+        model=loaded.info.source,
+        dtype=dtype,
+        target=target,
+        tokens=len(ids),
+        layers=layers,
+        margins=margins,
+        flips=flips,
+        delta_logprob=delta,
+        bytes=model_bytes(loaded.model, targets),
+        quantised_params=sum(t.param.numel() for t in targets),
+        before=before,
+        after=after,
+    )

@@ -1,0 +1,237 @@
+"""The routing the deployment simulators replay: per MoE layer, each token's dispatched experts in order.
+
+One shape for every source (a Trace from `capture`, with or without `generate`; a corpus store), so the
+simulators never care where the routing came from. Rows are sorted by (stream, pos): a stream is one
+sequence, the order a server would decode it in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from moeviz.errors import InputError
+from moeviz.trace import Trace
+
+
+@dataclass(frozen=True)
+class LayerRoutes:
+    """One MoE layer's routing. N = routed tokens, k = slots, E = experts.
+
+    - experts [N, k] int64: dispatched experts by descending weight; -1 = a slot the model's capacity dropped
+    - weights [N, k] float32: combination weights (0 for a dropped slot)
+    - stream [N] int64: sequence id (each sequence is decoded on its own); rows sorted by (stream, pos)
+    - pos [N] int64: position within the sequence
+    - scores [N, E] float32 | None: selection scores (traces only; a store keeps k scores per token)
+    - n_group, topk_group: group-limited routing (DeepSeek-V3 style), None otherwise
+    """
+
+    layer: int
+    site: str
+    experts: np.ndarray
+    weights: np.ndarray
+    stream: np.ndarray
+    pos: np.ndarray
+    num_experts: int
+    scores: np.ndarray | None = None
+    n_group: int | None = None
+    topk_group: int | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.stream)
+        if self.experts.ndim != 2 or self.experts.shape[0] != n or self.weights.shape != self.experts.shape:
+            raise ValueError(
+                f"layer {self.layer}: experts {self.experts.shape} / weights {self.weights.shape} "
+                f"do not match {n} tokens"
+            )
+        if self.pos.shape != (n,):
+            raise ValueError(f"layer {self.layer}: pos {self.pos.shape} != ({n},)")
+
+    @property
+    def k(self) -> int:
+        return int(self.experts.shape[1])
+
+    @property
+    def tokens(self) -> int:
+        return len(self.stream)
+
+    def take(self, rows: np.ndarray) -> LayerRoutes:
+        """The same layer restricted to `rows` (a boolean mask or indices), order kept."""
+        return replace(
+            self,
+            experts=self.experts[rows],
+            weights=self.weights[rows],
+            stream=self.stream[rows],
+            pos=self.pos[rows],
+            scores=None if self.scores is None else self.scores[rows],
+        )
+
+
+@dataclass(frozen=True)
+class Routes:
+    """Every MoE layer's routing for one model over one input (a prompt, a generation, or a corpus)."""
+
+    model: str
+    layers: list[LayerRoutes]
+    source: str = "trace"  # "trace" | "store"
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise InputError(f"{self.model}: no MoE layer routed any token; nothing to simulate")
+
+    @property
+    def tokens(self) -> int:
+        """Tokens routed by the first MoE layer (every layer routes the same tokens in a decoder)."""
+        return self.layers[0].tokens
+
+    @property
+    def streams(self) -> int:
+        return len(np.unique(self.layers[0].stream))
+
+    def layer(self, layer: int, site: str | None = None) -> LayerRoutes:
+        for routes in self.layers:
+            if routes.layer == layer and (site is None or routes.site == site):
+                return routes
+        raise KeyError(f"no MoE layer {layer} in these routes")
+
+    def split(self, fit_fraction: float = 0.5) -> tuple[Routes, Routes, str]:
+        """(fit, evaluate, how): the first sequences to fit a placement on, the rest to judge it on.
+
+        With several sequences the split is by sequence (no sequence on both sides); with one it is by
+        position (the first `fit_fraction` of its tokens). `how` says which, for the screen."""
+        if not 0.0 < fit_fraction < 1.0:
+            raise InputError(f"fit fraction must be in (0, 1), got {fit_fraction}")
+        ids = np.unique(self.layers[0].stream)
+        if len(ids) >= 2:
+            cut = ids[max(1, min(len(ids) - 1, round(len(ids) * fit_fraction)))]
+            fit = [r.take(r.stream < cut) for r in self.layers]
+            rest = [r.take(r.stream >= cut) for r in self.layers]
+            how = f"fitted on sequences 0–{cut - 1}, evaluated on sequences {cut}–{ids[-1]}"
+        else:
+            n = self.tokens
+            if n < 2:
+                raise InputError("one token cannot be split into a fit part and an evaluation part")
+            cut = max(1, min(n - 1, round(n * fit_fraction)))
+            fit = [r.take(np.arange(r.tokens) < cut) for r in self.layers]
+            rest = [r.take(np.arange(r.tokens) >= cut) for r in self.layers]
+            how = f"fitted on tokens 0–{cut - 1}, evaluated on tokens {cut}–{n - 1}"
+        return replace(self, layers=fit), replace(self, layers=rest), how
+
+
+def routes_from_trace(trace: Trace, site: str | None = None) -> Routes:
+    """The trace's routing, rows sorted by (seq, pos). Encoder-decoders: pick `site` ("encoder"/"decoder")
+    or get every site's layers (each keeps its own rows)."""
+    layers = []
+    seq_all = trace.tokens["seq"].to_numpy(dtype=np.int64)
+    pos_all = trace.tokens["pos"].to_numpy(dtype=np.int64)
+    for routing in trace.layers:
+        if site is not None and routing.site != site:
+            continue
+        seq, pos = seq_all[routing.token_rows], pos_all[routing.token_rows]
+        order = np.lexsort((pos, seq))
+        layers.append(
+            LayerRoutes(
+                layer=routing.layer,
+                site=routing.site,
+                experts=routing.experts[order].astype(np.int64),
+                weights=routing.weights[order].astype(np.float32),
+                stream=seq[order],
+                pos=pos[order],
+                num_experts=routing.num_experts,
+                scores=np.asarray(routing.selection_scores[order], dtype=np.float32),
+                n_group=routing.n_group,
+                topk_group=routing.topk_group,
+            )
+        )
+    return Routes(model=trace.model.source, layers=layers, source="trace")
+
+
+def routes_from_store(
+    store: str | Path,
+    model: str | None = None,
+    checkpoint: str | None = None,
+    layers: list[int] | None = None,
+) -> Routes:
+    """One run of a corpus store (model/checkpoint; optional when the store holds one run), every sequence
+    of it in plan order; `layers` keeps only those MoE layers."""
+    from moeviz.store import StoreQuery
+
+    query = StoreQuery(store, model=model, checkpoint=checkpoint)  # checks every part's size and hash
+    runs = {(r.model, r.checkpoint) for r in query.runs}
+    if len(runs) > 1:
+        listing = ", ".join(f"{m}/{c}" for m, c in sorted(runs))
+        raise InputError(f"store {store} holds several runs ({listing}); choose one by model and checkpoint")
+    (run_model, run_checkpoint), meta = next(iter(runs)), query.layer_meta()
+    columns, sites = _read_rows(query.files, layers)
+    out = []
+    group = columns["site"] * 2**16 + columns["layer"]
+    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    ends = np.r_[starts[1:], len(group)]
+    for start, end in zip(starts, ends, strict=True):
+        site, layer = sites[int(columns["site"][start])], int(columns["layer"][start])
+        info = meta.get((run_model, run_checkpoint, site, layer), {})
+        k = int(columns["rank"][start:end].max()) + 1
+        if (end - start) % k:
+            raise InputError(f"store {store}: layer {layer} has a token without all {k} slot rows")
+        shape = (-1, k)
+        experts = columns["expert"][start:end].astype(np.int64).reshape(shape)
+        num_experts = int(info.get("num_experts") or experts.max() + 1)
+        out.append(
+            LayerRoutes(
+                layer=layer,
+                site=site,
+                experts=experts,
+                weights=columns["weight"][start:end].astype(np.float32).reshape(shape),
+                stream=columns["seq"][start:end:k].astype(np.int64),
+                pos=columns["pos"][start:end:k].astype(np.int64),
+                num_experts=num_experts,
+                n_group=info.get("n_group"),
+                topk_group=info.get("topk_group"),
+            )
+        )
+    return Routes(model=run_model, layers=out, source="store", notes=[f"checkpoint {run_checkpoint}"])
+
+
+ROW_COLUMNS = ["site", "layer", "seq", "pos", "rank", "expert", "weight"]
+
+
+def _read_rows(files: list[str], layers: list[int] | None) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The store's routing columns sorted by (site, layer, seq, pos, rank), site as a code into the returned
+    names. Read with pyarrow in file order: parts hold one batch each, layer by layer, tokens in order, so a
+    stable sort by layer usually finishes the job (checked; a full sort otherwise). An SQL ORDER BY over
+    16 M rows costs ~10× more."""
+    import pyarrow.parquet as pq
+
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in ROW_COLUMNS}
+    sites: list[str] = []
+    for file in files:
+        table = pq.read_table(file, columns=ROW_COLUMNS)
+        site = table.column("site").combine_chunks()
+        for name in site.dictionary.to_pylist():
+            if name not in sites:
+                sites.append(name)
+        codes = np.array([sites.index(name) for name in site.dictionary.to_pylist()], dtype=np.int64)
+        parts["site"].append(codes[site.indices.to_numpy(zero_copy_only=False)])
+        for name in ROW_COLUMNS[1:]:
+            parts[name].append(table.column(name).to_numpy())
+    columns = {name: np.concatenate(values) if values else np.zeros(0) for name, values in parts.items()}
+    columns["site"] = columns["site"].astype(np.int64)
+    columns["layer"] = columns["layer"].astype(np.int64)
+    if layers is not None:
+        keep = np.isin(columns["layer"], layers)
+        columns = {name: values[keep] for name, values in columns.items()}
+    order = np.argsort(columns["site"] * 2**16 + columns["layer"], kind="stable")
+    columns = {name: values[order] for name, values in columns.items()}
+    within = (columns["seq"] * (int(columns["pos"].max(initial=0)) + 1) + columns["pos"]) * 128 + columns[
+        "rank"
+    ]
+    same_group = np.diff(columns["site"] * 2**16 + columns["layer"]) == 0
+    if np.any(np.diff(within)[same_group] <= 0):  # written out of order: sort fully
+        order = np.lexsort(
+            (columns["rank"], columns["pos"], columns["seq"], columns["layer"], columns["site"])
+        )
+        columns = {name: values[order] for name, values in columns.items()}
+    return columns, sites
