@@ -10,18 +10,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the app never downloads (importi
 st.set_page_config(page_title="moeviz", page_icon=":material/biotech:", layout="wide")
 
 page = st.navigation(
-    [
-        st.Page("pages/routing.py", title="Routing", icon=":material/alt_route:", default=True),
-        st.Page("pages/load.py", title="Load & collapse", icon=":material/balance:"),
-        st.Page("pages/structure.py", title="Structure", icon=":material/hub:"),
-        st.Page("pages/attention.py", title="Attention", icon=":material/visibility:"),
-        st.Page("pages/compare.py", title="Compare", icon=":material/compare_arrows:"),
-        st.Page("pages/about.py", title="About the model", icon=":material/info:"),
-        st.Page("pages/why.py", title="Why this expert?", icon=":material/help:"),
-        st.Page("pages/checkpoints.py", title="Checkpoints", icon=":material/timeline:"),
-        st.Page("pages/corpus.py", title="Corpus", icon=":material/database:"),
-        st.Page("pages/deployment.py", title="Deployment", icon=":material/dns:"),
-    ]
+    {
+        "Explore": [
+            st.Page("pages/routing.py", title="Routing", icon=":material/alt_route:", default=True),
+            st.Page("pages/load.py", title="Load & collapse", icon=":material/balance:"),
+            st.Page("pages/structure.py", title="Structure", icon=":material/hub:"),
+            st.Page("pages/attention.py", title="Attention", icon=":material/visibility:"),
+            st.Page("pages/compare.py", title="Compare", icon=":material/compare_arrows:"),
+            st.Page("pages/about.py", title="About the model", icon=":material/info:"),
+            st.Page("pages/why.py", title="Why this expert?", icon=":material/help:"),
+            st.Page("pages/checkpoints.py", title="Checkpoints", icon=":material/timeline:"),
+            st.Page("pages/corpus.py", title="Corpus", icon=":material/database:"),
+        ],
+        "Teach": [
+            st.Page("pages/learn.py", title="Learn", icon=":material/school:"),
+            st.Page("pages/playground.py", title="Routing playground", icon=":material/tune:"),
+        ],
+        "Deploy": [st.Page("pages/deployment.py", title="Deployment", icon=":material/dns:")],
+    }
 )
 # A chart wider than its column (a fixed-width overview + detail of hundreds of experts, on a 900 px screen)
 # scrolls sideways inside the column instead of spilling over the page's edge.

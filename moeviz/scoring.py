@@ -1,6 +1,9 @@
-"""Router score functions, in fp32 numpy (top-k decisions are precision-sensitive)."""
+"""Router score functions, in fp32 numpy (top-k decisions are precision-sensitive), and expert capacity."""
 
 from __future__ import annotations
+
+import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -20,3 +23,12 @@ def scores_from_logits(logits: np.ndarray, score_fn: str) -> np.ndarray:
 def selection_scores(scores: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
     """What experts are selected on: scores plus the balancing bias, where the router has one."""
     return scores if bias is None else scores + bias.astype(np.float32)
+
+
+def expert_capacity(tokens: int, k: int, experts: int, cf: float, exact: bool = False) -> int:
+    """Slots per expert of one dispatch group, ceil((tokens·k / experts)·cf): Megatron's float order by
+    default (NVIDIA/Megatron-LM moe_utils.get_capacity), or exact rational arithmetic with cf read as the
+    decimal it prints as."""
+    if exact:
+        return math.ceil(Fraction(tokens * k, experts) * Fraction(repr(float(cf))))
+    return math.ceil((tokens * k / experts) * cf)

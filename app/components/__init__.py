@@ -12,6 +12,8 @@
 - `prompt`: the prompt form, prompt files, and the prompt-or-corpus choice.
 - `exports`: charts with their downloads, table downloads, routing-table files.
 - `corpus_store`, `checkpoint_store`: the stores the Corpus and Checkpoints pages build and query.
+- `deployment`: the Deployment page's routes and cached what-if results.
+- `learn`, `lab`: the Learn lesson's captures; the Lab's training runs per session.
 
 This package imports nothing itself, so the Streamlit-free modules can be used (and tested) without it.
 """

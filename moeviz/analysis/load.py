@@ -25,7 +25,8 @@ from moeviz.trace import LayerRouting, Trace
 
 
 def expert_counts(routing: LayerRouting) -> np.ndarray:
-    """Tokens dispatched to each expert [E] (a token counts once per expert it was sent to)."""
+    """Tokens dispatched to each expert [E] (a token counts once per expert it was sent to). Takes anything
+    with `experts [N, k]` and `num_experts` (also the what-if simulators' LayerRoutes)."""
     experts = routing.experts[routing.experts >= 0]
     return np.bincount(experts, minlength=routing.num_experts).astype(np.int64)
 

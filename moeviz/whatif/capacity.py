@@ -11,7 +11,6 @@ replay drops.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -20,18 +19,11 @@ import numpy as np
 import pandas as pd
 
 from moeviz.errors import InputError
+from moeviz.scoring import expert_capacity as expert_capacity  # moved down for moeviz.analysis; re-exported
 from moeviz.whatif.routes import LayerRoutes, Routes
 
 DROP_POLICIES = ("probs", "position")
 DEFAULT_CFS = (1.0, 1.25, 1.5, 2.0)
-
-
-def expert_capacity(tokens: int, k: int, experts: int, cf: float, exact: bool = False) -> int:
-    """ceil((tokens·k / experts)·cf): Megatron's float order by default, or exact rational arithmetic with cf
-    read as the decimal it prints as."""
-    if exact:
-        return math.ceil(Fraction(tokens * k, experts) * Fraction(repr(float(cf))))
-    return math.ceil((tokens * k / experts) * cf)
 
 
 def _capacities(tokens: np.ndarray, k: int, experts: int, cf: float, exact: bool) -> np.ndarray:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from moeviz.analysis.load import expert_counts
 from moeviz.errors import InputError
 from moeviz.whatif.eplb import balanced_packing, is_hierarchical, rebalance_experts, replicate_experts
 from moeviz.whatif.routes import LayerRoutes, Routes
@@ -156,12 +157,6 @@ def _num_experts(routes: Routes) -> int:
     if len(sizes) != 1:
         raise InputError(f"layers route over different expert counts {sorted(sizes)}; simulate one site")
     return sizes.pop()
-
-
-def expert_counts(layer: LayerRoutes) -> np.ndarray:
-    """Tokens routed to each expert: [E] int64 (dropped slots not counted)."""
-    chosen = layer.experts[layer.experts >= 0]
-    return np.bincount(chosen, minlength=layer.num_experts).astype(np.int64)
 
 
 def co_occurrence(layer: LayerRoutes) -> np.ndarray:

@@ -1,0 +1,402 @@
+"""Learn: a guided lesson in short steps, one screen each, on the bundled samples. Every number is measured
+on one fixed text (`components.learn.LESSON_TEXT`) routed through the sample models."""
+
+from dataclasses import replace
+
+import pandas as pd
+import streamlit as st
+from components import caches, exports
+from components import learn as lesson_ui
+from components.widgets import kept
+
+from moeviz.analysis import balance_stats, expert_balance_frame
+from moeviz.analysis.lesson import (
+    expert_parameters,
+    expert_token_share,
+    router_walkthrough,
+    shared_fraction,
+    token_weights_frame,
+)
+from moeviz.analysis.load import balance_from_counts
+from moeviz.analysis.losses import bias_stats
+from moeviz.analysis.reroute import RerouteSettings, aux_terms, reroute
+from moeviz.architecture import parameter_summary
+from moeviz.charts import expert_load_chart, token_options
+from moeviz.charts.learn import (
+    aux_terms_chart,
+    choice_load_chart,
+    experts_sweep_chart,
+    load_side_by_side_chart,
+    router_walkthrough_chart,
+    shared_experts_chart,
+    token_weights_chart,
+)
+
+TEXT = lesson_ui.LESSON_TEXT
+WEIGHT_TOKENS = 24  # tokens drawn in the top-1 vs top-2 step
+
+
+def trace_of(source: str):
+    return caches.load_or_stop(source, TEXT)
+
+
+def notice(text: str) -> None:
+    """The step's one "what to notice" line."""
+    st.info(f"**What to notice:** {text}", icon=":material/visibility:")
+
+
+def beside():
+    """Two columns: a step's chart (left) and its numbers stacked beside it (right), so that a step fits one
+    1280 × 720 screen."""
+    return st.columns([3, 1], vertical_alignment="center", gap="medium")
+
+
+def pick_layer(trace, store_key: str, where) -> tuple[str, int]:
+    """A layer slider of its own per step (kept across page switches), drawn in `where` → (site, layer)."""
+    layers = {str(layer): (site, layer) for site, layer in trace.layer_keys}
+    with where:
+        return layers[kept(store_key, list(layers), st.select_slider, "MoE layer", list(layers))]
+
+
+# ---- 1 -------------------------------------------------------------------------------------------------
+def router_step() -> None:
+    control = lesson_ui.step_heading("1 · What a router computes")
+    trace = trace_of(lesson_ui.HEALTHY)
+    site, layer = trace.layer_keys[0]
+    routing = trace.layer(layer, site)
+    options = token_options(trace.tokens)
+    with control:
+        label = kept("learn_token", list(options), st.selectbox, "Token", list(options))
+    row = lesson_ui.layer_row(trace, site, layer, *options[label])
+    walk = router_walkthrough(routing, row)
+    chosen = walk[walk["chosen"]].sort_values("rank")
+    picks = ", ".join(
+        f"expert {int(r.expert)}: p = {r.score:.3f} → w = {r.weight:.3f}" for r in chosen.itertuples()
+    )
+    notice(
+        f"only the top {routing.k} of {routing.num_experts} scores survive, and they are rescaled to sum "
+        f"to 1 ({picks}). The other experts never see this token."
+    )
+    exports.show_chart(
+        router_walkthrough_chart(
+            walk, k=routing.k, score_fn=routing.score_fn, title=f"Token {label} at MoE layer {layer}"
+        ),
+        "learn_router",
+    )
+    st.caption(
+        f"{lesson_ui.HEALTHY}, MoE layer {layer}. ① the router's logits, one per expert (a linear layer "
+        f"of the token's hidden state); ② p = {routing.score_fn}(logits); ③ the top-{routing.k} kept and "
+        f"renormalised, w_e = p_e / Σ_chosen p. The model's own combination weights: "
+        + ", ".join(f"{r.model_weight:.3f}" for r in chosen.itertuples())
+        + "."
+    )
+
+
+# ---- 2 -------------------------------------------------------------------------------------------------
+def top_k_step() -> None:
+    control = lesson_ui.step_heading("2 · Top-1 vs top-2")
+    trace = trace_of(lesson_ui.HEALTHY)
+    site, layer = trace.layer_keys[0]
+    routing = trace.layer(layer, site)
+    st.session_state.setdefault("learn_k", routing.k)  # the model's own k first
+    with control:
+        k = int(
+            kept(
+                "learn_k",
+                [1, 2],
+                st.segmented_control,
+                "Experts per token (k)",
+                [1, 2],
+                format_func=lambda v: f"top-{v}",
+                required=True,
+            )
+        )
+    rerouted = reroute(routing, RerouteSettings(k=k, score_fn=routing.score_fn))
+    stats = balance_stats(rerouted.as_layer_routing())
+    first = float(rerouted.weights[:, 0].mean())
+    notice(
+        f"with top-{k} each token runs {k} expert FFN{'s' if k > 1 else ''}; its 1st expert carries "
+        f"{first:.0%} of the output on average"
+        + (" (all of it)." if k == 1 else f" and the 2nd the other {1 - first:.0%}.")
+        + f" The busiest expert takes {stats.max_share:.1%} of the {k * stats.tokens} slots (fair: "
+        f"{1 / routing.num_experts:.1%})."
+    )
+    left, right = st.columns([3, 2])
+    with left:
+        frame = token_weights_frame(trace.tokens, routing, rerouted.experts, rerouted.weights, WEIGHT_TOKENS)
+        exports.show_chart(
+            token_weights_chart(frame, title=f"Top-{k}: the first {WEIGHT_TOKENS} tokens"), "learn_weights"
+        )
+    with right:
+        exports.show_chart(
+            expert_load_chart(rerouted.load_rows(), title=f"Load with top-{k}").properties(height=170),
+            "learn_k_load",
+        )
+    st.caption(
+        f"The captured router scores of MoE layer {layer} ({lesson_ui.HEALTHY}, trained with top-2) routed "
+        f"again with top-{k}, weights renormalised over the chosen experts. Dashed line: the fair share kT/E."
+    )
+
+
+# ---- 3 -------------------------------------------------------------------------------------------------
+def load_step() -> None:
+    control = lesson_ui.step_heading("3 · Expert load and the fair share")
+    trace = trace_of(lesson_ui.HEALTHY)
+    site, layer = pick_layer(trace, "learn_load_layer", control)
+    rows = expert_balance_frame(trace)
+    load = rows[(rows["site"] == site) & (rows["layer"] == layer)]
+    busiest, quietest = load.loc[load["share"].idxmax()], load.loc[load["share"].idxmin()]
+    fair = 1 / len(load)
+    notice(
+        f"if routing were even every expert would get 1/E = {fair:.1%} of the slots; at layer {layer} expert "
+        f"{int(busiest.expert)} gets {busiest.share:.1%} ({busiest.utilisation:.2f}× its share) and expert "
+        f"{int(quietest.expert)} {quietest.share:.1%}."
+    )
+    stats = balance_stats(trace.layer(layer, site))
+    chart, metrics = beside()
+    with chart:
+        exports.show_chart(
+            expert_load_chart(load, title=f"Expert load, MoE layer {layer}").properties(height=190),
+            "learn_load",
+        )
+    metrics.metric("Fair share 1/E", f"{fair:.1%}", width="content")
+    metrics.metric("Busiest expert", f"{stats.max_share:.1%}", width="content")
+    metrics.metric(
+        "Load entropy",
+        f"{stats.load_entropy:.3f}",
+        help="H(load) / log E: 1 = perfectly even",
+        width="content",
+    )
+    metrics.metric("Dead experts", stats.dead_experts, help="Experts that got no token", width="content")
+    st.caption(
+        f"{lesson_ui.HEALTHY}, {stats.tokens} tokens × k = {stats.top_k} slots. Bars: tokens sent to each "
+        "expert (a token counts once per expert it uses); dashed line: the fair share kT/E (= 1/E of the "
+        "slots)."
+    )
+
+
+# ---- 4 -------------------------------------------------------------------------------------------------
+def aux_loss_step() -> None:
+    control = lesson_ui.step_heading("4 · The auxiliary balancing loss")
+    trace = trace_of(lesson_ui.HEALTHY)
+    site, layer = pick_layer(trace, "learn_aux_layer", control)
+    routing = trace.layer(layer, site)
+    terms = aux_terms(routing)
+    loss = float(terms["term"].sum())
+    k, e = routing.k, routing.num_experts
+    top = terms.loc[terms["term"].idxmax()]
+    notice(
+        f"L = E·Σ f·P reads k = {k} when the load is even and grows when the busy experts also get the "
+        f"probability; at layer {layer} it is {loss:.4f}, {loss / k:.3f}× that. Expert {int(top.expert)} "
+        f"adds the most, {e}·{top.f:.3f}·{top.P:.3f} = {top.term:.3f}: it gets many tokens (f) and much "
+        "probability (P)."
+    )
+    chart, metrics = beside()
+    with chart:
+        exports.show_chart(
+            aux_terms_chart(terms, k=k, title=f"Terms E·f_e·P_e, MoE layer {layer}"), "learn_aux"
+        )
+    metrics.metric("Aux loss L", f"{loss:.4f}", help="E · Σ_e f_e · P_e, unscaled (α = 1)", width="content")
+    metrics.metric("Balanced value", f"{k}", help="L under perfectly even load (f_e = k/E)", width="content")
+    metrics.metric("L ÷ balanced", f"{loss / k:.3f}", width="content")
+    st.caption(
+        "Switch / GShard auxiliary loss in its top-k form (transformers' load_balancing_loss_func): f_e = "
+        "share of tokens whose top-k includes e (not divided by k), P_e = mean router probability of e. "
+        "Training adds α·L (α ≈ 0.01) to the language-model loss; its gradient (through P) pushes "
+        f"probability away from overloaded experts. Replayed from the captured router of {lesson_ui.HEALTHY} "
+        "(trained with α = 0.01, per layer)."
+    )
+
+
+# ---- 5 -------------------------------------------------------------------------------------------------
+def collapse_step() -> None:
+    control = lesson_ui.step_heading("5 · Collapse")
+    traces = {name: trace_of(source) for name, source in lesson_ui.COLLAPSE_SAMPLES.items()}
+    site, layer = pick_layer(traces["healthy"], "learn_collapse_layer", control)
+    parts, stats = [], {}
+    for name, trace in traces.items():
+        rows = expert_balance_frame(trace)
+        parts.append(rows[(rows["site"] == site) & (rows["layer"] == layer)].assign(model=name))
+        stats[name] = balance_stats(trace.layer(layer, site))
+    load = pd.concat(parts, ignore_index=True)
+    notice(
+        f"same text, same architecture, three trainings: at layer {layer} the busiest expert takes "
+        + ", ".join(f"{s.max_share:.0%} ({name})" for name, s in stats.items())
+        + f" of the slots, against a fair {1 / len(stats['healthy'].counts):.1%}."
+    )
+    exports.show_chart(
+        load_side_by_side_chart(load, title=f"Load per expert, MoE layer {layer}"), "learn_collapse"
+    )
+    metrics = st.container(horizontal=True, gap="large")
+    for name, s in stats.items():
+        metrics.metric(
+            f"{name}: load entropy",
+            f"{s.load_entropy:.2f}",
+            help=f"H(load) / log E (1 = even); {s.dead_experts} dead experts",
+            width="content",
+        )
+    st.caption(
+        "mixtral-healthy: trained with the balancing loss; mixtral-unbalanced: without it (a few hub "
+        "experts); mixtral-collapsed: trained with a loss that rewards imbalance. The Load & collapse page "
+        "gives the verdicts on a longer text."
+    )
+
+
+# ---- 6 -------------------------------------------------------------------------------------------------
+def bias_step() -> None:
+    control = lesson_ui.step_heading("6 · Balancing with a bias")
+    trace = trace_of(lesson_ui.BIASED)
+    site, layer = pick_layer(trace, "learn_bias_layer", control)
+    routing = trace.layer(layer, site)
+    # the same router (its group limit and weight rule) with the bias set to 0
+    without = reroute(routing, replace(RerouteSettings.captured(routing), bias=None))
+    changed = without.changed_tokens
+    n, e, k = len(routing.token_rows), routing.num_experts, routing.k
+    with_bias = balance_from_counts(without.captured_load, n, k)
+    no_bias = balance_from_counts(without.load, n, k)
+    notice(
+        f"the bias only moves the choice, not the weights: without it {changed} of {n} tokens "
+        f"({changed / n:.0%}) would go to other experts, and the busiest expert would take "
+        f"{no_bias.max_share:.1%} of the slots instead of {with_bias.max_share:.1%}."
+    )
+    fair = n * k / e
+    load = pd.concat(
+        [
+            pd.DataFrame(
+                {"routing": "with the bias (the model)", "expert": range(e), "count": with_bias.counts}
+            ),
+            pd.DataFrame({"routing": "without the bias", "expert": range(e), "count": no_bias.counts}),
+        ],
+        ignore_index=True,
+    ).assign(fair=fair)
+    chart, metrics = beside()
+    with chart:
+        exports.show_chart(
+            choice_load_chart(load, title=f"Load with and without the bias, MoE layer {layer}"), "learn_bias"
+        )
+    metrics.metric("Tokens that change experts", f"{changed} of {n}", width="content")
+    metrics.metric("Load entropy, with the bias", f"{with_bias.load_entropy:.3f}", width="content")
+    metrics.metric("Load entropy, without", f"{no_bias.load_entropy:.3f}", width="content")
+    spread = bias_stats(routing.bias)
+    st.caption(
+        f"{lesson_ui.BIASED}: sigmoid scores; the experts are chosen on score + b_e (b learned in "
+        "training: raised for underused experts, lowered for overused ones), the weights use the score "
+        f"alone; at this layer std(b) = {spread.std:.3f}, largest |b| = {spread.max_abs:.3f}. "
+        f"Without the bias: the same router (best {routing.topk_group} of {routing.n_group} groups, then "
+        f"top-{k}) on the scores alone."
+    )
+
+
+# ---- 7 -------------------------------------------------------------------------------------------------
+def shared_step() -> None:
+    control = lesson_ui.step_heading("7 · Shared experts")
+    trace = trace_of(lesson_ui.BIASED)
+    site, layer = pick_layer(trace, "learn_shared_layer", control)
+    routing = trace.layer(layer, site)
+    shares = expert_token_share(routing)
+    model = caches.get_model(lesson_ui.BIASED).model
+    params = expert_parameters(model, layer)
+    k, e, s = routing.k, routing.num_experts, routing.shared_experts
+    fraction = shared_fraction(params, k, e)
+    routed = shares[shares["kind"] == "routed"]["share"]
+    notice(
+        f"the shared expert sees every token (100%), each routed expert "
+        f"{routed.min():.0%}–{routed.max():.0%} of them; the shared expert holds {fraction:.0%} of the "
+        "expert weights a token runs through."
+    )
+    chart, metrics = beside()
+    with chart:
+        exports.show_chart(
+            shared_experts_chart(
+                shares, k=k, title=f"Share of the tokens each expert processes, layer {layer}"
+            ),
+            "learn_shared",
+        )
+    metrics.metric(
+        "Shared experts", s, help="Experts every token runs through, besides the routed ones", width="content"
+    )
+    metrics.metric("Routed experts per token", f"{k} of {e}", width="content")
+    metrics.metric(
+        "Shared share of weights",
+        f"{fraction:.0%}",
+        help="The shared expert's share of the expert weights a token runs through, shared / (shared + "
+        f"routed · k/E): {params['shared']:,} shared and {params['routed']:,} routed parameters here",
+        width="content",
+    )
+    st.caption(
+        f"{lesson_ui.BIASED}: each MoE layer has {s} shared expert and {e} routed ones. The shared "
+        "expert learns what every token needs, so the routed experts are free to specialise (DeepSeekMoE)."
+    )
+
+
+# ---- 8 -------------------------------------------------------------------------------------------------
+def deployment_step() -> None:
+    st.subheader("8 · Where deployment questions come in")
+    model = caches.get_model(lesson_ui.BIASED).model
+    trace = trace_of(lesson_ui.BIASED)
+    first = trace.layers[0]
+    params = parameter_summary(model, experts=first.num_experts, top_k=first.k)
+    notice(
+        f"all {params['experts']} experts of every layer must sit in memory, but a token uses "
+        f"{params['top_k']}: {params['total']:,} parameters to hold, {params['active']:,} "
+        f"({params['active_fraction']:.0%}) to compute per token. Memory, communication between GPUs and "
+        "uneven load follow from that."
+    )
+    metrics = st.container(horizontal=True, gap="large")
+    metrics.metric("Parameters to hold", f"{params['total']:,}", width="content")
+    metrics.metric("Active per token", f"{params['active']:,}", width="content")
+    metrics.metric("Active fraction", f"{params['active_fraction']:.0%}", width="content")
+    st.markdown(
+        "- **Expert parallelism**: experts spread over GPUs; an uneven load makes one GPU the bottleneck.\n"
+        "- **Offloading**: experts kept in CPU memory or on disk and fetched when a token needs them.\n"
+        "- **Capacity**: a cap on tokens per expert drops the overflow.\n"
+        "- **Quantisation**: smaller weights can flip close routing decisions."
+    )
+    lesson_ui.page_link_if_registered(
+        "pages/deployment.py", "Deployment what-ifs on a captured text", ":material/dns:"
+    )
+    lesson_ui.page_link_if_registered(
+        "pages/playground.py", "Routing playground: change k, bias, capacity on a text", ":material/tune:"
+    )
+    lesson_ui.page_link_if_registered("pages/lab.py", "Lab: train a small MoE live", ":material/science:")
+    st.caption(
+        f"{lesson_ui.BIASED}; parameters counted on the loaded model (active = total − routed × (1 − k/E))."
+    )
+
+
+# ---- 9 (when the sweep is shipped) ---------------------------------------------------------------------
+def sweep_step() -> None:
+    st.subheader("9 · How many experts?")
+    sweep = lesson_ui.experts_sweep()
+    means = sweep.groupby(["experts", "k"], as_index=False)["heldout_loss"].mean()  # over seeds
+    best = means.loc[means["heldout_loss"].idxmin()]
+    notice(
+        f"more experts help less and less: the lowest held-out loss, {best.heldout_loss:.3f}, is at "
+        f"{int(best.experts)} experts with k = {int(best.k)}; compare the step from 1 to 8 with the steps "
+        "beyond."
+    )
+    exports.show_chart(experts_sweep_chart(sweep), "learn_sweep")
+    st.caption(
+        "docs/experts-sweep.csv: small MoE models trained on the sample corpus with the same tokens and "
+        "matched active parameters; held-out loss on the evaluation slices. At this small scale the curve "
+        "shows the trend, not the values a large model would reach."
+    )
+
+
+STEPS = {
+    "router": ("1 Router", router_step),
+    "top_k": ("2 Top-k", top_k_step),
+    "load": ("3 Load", load_step),
+    "aux": ("4 Aux loss", aux_loss_step),
+    "collapse": ("5 Collapse", collapse_step),
+    "bias": ("6 Bias", bias_step),
+    "shared": ("7 Shared", shared_step),
+    "deployment": ("8 Deploy", deployment_step),
+}
+if lesson_ui.experts_sweep() is not None:
+    STEPS["sweep"] = ("9 How many?", sweep_step)
+
+lesson_ui.compact_top()
+st.title("Learn: how MoE routing works")
+step = lesson_ui.step_picker({key: label for key, (label, _) in STEPS.items()})
+STEPS[step][1]()

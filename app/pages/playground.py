@@ -1,0 +1,282 @@
+"""Routing playground: re-route the captured router logits of one layer with other settings (k, temperature,
+capacity, balancing bias, score function) and see the dispatch, load and aux loss change at once; then
+re-run the model with that routing forced. Every number comes from `moeviz.analysis.reroute`."""
+
+import streamlit as st
+from components import caches, exports, pickers, prompt
+from components.errors import stop_on_error
+
+import moeviz
+from moeviz.analysis.reroute import RerouteSettings, max_k, reroute_layer
+from moeviz.charts import expert_load_chart, router_score_heatmap
+from moeviz.charts.attribution import position_delta_chart
+from moeviz.interventions import ForceRouting, counterfactual
+
+MAX_TOKENS = 200  # tokens of the dispatch heatmap
+MAX_RERUN_TOKENS = 2048  # longer prompts: the re-run would hold the server
+BIAS_COLUMNS = 8  # bias inputs per row
+SCORE_FUNCTIONS = ["softmax", "sigmoid"]
+
+st.title("Routing playground")
+source = pickers.model_picker()
+text = prompt.prompt_form()
+trace = caches.load_or_stop(source, text)
+site, layer = pickers.pick_layer(trace)
+routing = trace.layer(layer, site)
+captured = RerouteSettings.captured(routing)
+experts_n = routing.num_experts
+
+
+def _defaults() -> dict:
+    """The controls' values that reproduce the captured routing."""
+    bias = [0.0] * experts_n if captured.bias is None else [float(b) for b in captured.bias]
+    return {
+        "pg_k": captured.k,
+        "pg_temperature": 1.0,
+        "pg_score_fn": captured.score_fn,
+        "pg_capacity_on": False,
+        "pg_cf": 1.25,
+        "pg_renormalise": captured.renormalise,
+        "pg_groups": True,
+        **{f"pg_bias_{e}": b for e, b in enumerate(bias)},
+    }
+
+
+def _reset(values: dict) -> None:
+    for key, value in values.items():
+        st.session_state[key] = value
+
+
+marker = (source, text, site, layer)
+if st.session_state.get("pg_for") != marker or "pg_k" not in st.session_state:
+    _reset(_defaults())  # a new layer or prompt (or the page reopened): start from the captured routing
+    st.session_state["pg_for"] = marker
+
+what = f"{captured.score_fn} → top-{captured.k}"
+if captured.bias is not None:
+    what += " on scores + balancing bias"
+if routing.n_group and max_k(routing) < experts_n:
+    what += f", within the best {routing.topk_group} of {routing.n_group} expert groups"
+what += ", weights " + ("renormalised over the k" if captured.renormalise else "= the chosen scores")
+if captured.scale != 1.0:
+    what += f" × {captured.scale:g}"
+st.caption(
+    f"Layer {layer}: {experts_n} experts · captured routing: {what}. Start from it and change one thing."
+)
+
+# ---- controls ------------------------------------------------------------------------------------------
+grouped = max_k(routing, group_limit=True) < experts_n
+group_limit = bool(st.session_state.get("pg_groups", True)) if grouped else False
+top = max_k(routing, group_limit)
+st.session_state["pg_k"] = min(int(st.session_state["pg_k"]), top)
+a, b, c, d = st.columns(4)
+with a:
+    if top > 1:
+        k = st.slider(
+            "k: experts per token", 1, top, key="pg_k", help="How many experts each token is sent to"
+        )
+    else:
+        k = 1
+        st.caption("k = 1 (only one expert to choose from)")
+temperature = b.slider(
+    "Temperature",
+    0.1,
+    5.0,
+    step=0.05,
+    key="pg_temperature",
+    help="The logits are divided by it before the score function: < 1 sharpens the scores, > 1 flattens them",
+)
+score_fn = c.radio(
+    "Score function",
+    SCORE_FUNCTIONS,
+    key="pg_score_fn",
+    horizontal=True,
+    help=f"softmax: scores sum to 1 over the experts; sigmoid: each in (0, 1) on its own. "
+    f"Captured: {captured.score_fn}",
+)
+with d:
+    capacity_on = st.toggle("Expert capacity", key="pg_capacity_on", help="Off: no expert ever drops a token")
+    cf = st.number_input(
+        "Capacity factor",
+        min_value=0.1,
+        max_value=8.0,
+        step=0.05,
+        key="pg_cf",
+        disabled=not capacity_on,
+        help="C = ceil(T·k/E × factor) slots per expert and sequence; an over-full expert keeps its C "
+        "largest weights (Megatron's probs policy) and drops the rest",
+    )
+e1, e2, e3 = st.columns([2, 2, 1])
+renormalise = e1.checkbox(
+    "Renormalise the weights over the k", key="pg_renormalise", help="Else a weight is the expert's score"
+)
+if grouped:
+    group_limit = e2.toggle(
+        f"Group limit: best {routing.topk_group} of {routing.n_group} groups",
+        key="pg_groups",
+        help="DeepSeek-V3: a token first picks its best expert groups (by the sum of each group's two best "
+        "scores + bias), then its k experts among them",
+    )
+e3.button("Reset", on_click=_reset, args=(_defaults(),), icon=":material/restart_alt:", key="pg_reset")
+with st.expander("Balancing bias per expert (added to the scores for the choice only, as in DeepSeek-V3)"):
+    bias_values = []
+    for start in range(0, experts_n, BIAS_COLUMNS):
+        for column, e in zip(
+            st.columns(BIAS_COLUMNS), range(start, min(start + BIAS_COLUMNS, experts_n)), strict=False
+        ):
+            bias_values.append(
+                column.number_input(f"expert {e}", step=0.01, format="%.3f", key=f"pg_bias_{e}")
+            )
+    st.caption("A positive bias makes an expert more likely to be chosen; its weight stays its score.")
+bias = None if captured.bias is None and not any(bias_values) else bias_values
+
+settings = RerouteSettings(
+    k=int(k),
+    temperature=float(temperature),
+    score_fn=score_fn,
+    bias=bias,
+    capacity_factor=float(cf) if capacity_on else None,
+    renormalise=bool(renormalise),
+    scale=captured.scale,
+    group_limit=group_limit,
+)
+with stop_on_error():
+    rerouted = reroute_layer(trace, layer, settings, site)
+
+# ---- what changed ----------------------------------------------------------------------------------------
+n_tokens = len(routing.token_rows)
+m1, m2, m3, m4 = st.columns(4)
+m1.metric("Tokens that changed experts", f"{rerouted.changed_tokens} of {n_tokens}")
+m2.metric(
+    "Dropped slots",
+    f"{rerouted.dropped_slots} of {n_tokens * k}",
+    "no capacity" if rerouted.capacity is None else f"capacity C = {rerouted.capacity} per expert",
+    delta_color="off",
+    delta_arrow="off",
+)
+m3.metric(
+    "Aux loss, re-routed",
+    f"{rerouted.aux_loss:.4f}",
+    f"captured {rerouted.captured_aux_loss:.4f}",
+    delta_color="off",
+    delta_arrow="off",
+    help="Switch/GShard E·Σ f_e·P_e (unscaled): f_e = share of tokens sent to expert e, P_e = its mean "
+    "router probability",
+)
+m4.metric("Aux loss under even load", f"{k}", f"captured {routing.k}", delta_color="off", delta_arrow="off")
+
+left, right = st.columns(2)
+with left:
+    exports.show_chart(
+        expert_load_chart(
+            rerouted.load_rows(captured=True), title=f"Expert load, captured (top-{routing.k})"
+        ),
+        "pg_load_captured",
+    )
+with right:
+    exports.show_chart(
+        expert_load_chart(
+            rerouted.load_rows(), dropped=rerouted.dropped_slots, title=f"Expert load, re-routed (top-{k})"
+        ),
+        "pg_load_rerouted",
+    )
+st.caption("Tokens dispatched to each expert; dashed line = the fair share kT/E; grey = dropped by capacity.")
+
+st.subheader("New dispatch per token")
+exports.show_chart(
+    exports.many_marks(
+        router_score_heatmap(
+            rerouted.as_trace(trace).scores_frame(layer, site),
+            max_tokens=MAX_TOKENS,
+            title=f"Re-routed scores and dispatch, layer {layer}",
+            selectable=False,
+        ),
+        min(n_tokens, MAX_TOKENS) * experts_n,
+    ),
+    "pg_dispatch",
+)
+st.caption(
+    f"Colour = re-routed score = {score_fn}(logits / {temperature:g}); ● = where the token is now sent "
+    "(dropped slots have no ●)."
+)
+tokens = rerouted.token_frame(trace)
+changed = tokens[tokens["changed"]]
+with st.expander(f"Tokens that changed experts ({len(changed)})"):
+    st.dataframe(changed, hide_index=True)
+    exports.table_downloads(tokens, "playground_tokens")
+
+st.subheader("Auxiliary balancing loss, per expert")
+terms = rerouted.aux_terms_frame()
+chart_terms = terms[["expert", "term_captured", "term"]].rename(
+    columns={"term_captured": "captured", "term": "re-routed"}
+)
+st.bar_chart(chart_terms, x="expert", y=["captured", "re-routed"], stack=False, height=220)
+st.caption(
+    f"Each expert's term E·f_e·P_e; the terms sum to the aux loss. Under even load every f_e = k/E and the "
+    f"loss is k ({k}); it grows when the experts that get the most tokens also get the most probability."
+)
+st.dataframe(
+    terms,
+    hide_index=True,
+    column_config={name: st.column_config.NumberColumn(name, format="%.4f") for name in terms.columns[1:]},
+)
+exports.table_downloads(terms, "playground_aux_terms")
+
+# ---- re-run ------------------------------------------------------------------------------------------
+st.subheader("What the change does to the output")
+prompt_tokens = trace.tokens[trace.tokens["seq"] == 0]
+ids = [int(i) for i in prompt_tokens["token_id"]]
+try:
+    forced_experts, forced_weights = rerouted.forced()
+except moeviz.MoevizError as exc:
+    st.info(f"The model cannot run this routing as is: {exc}.", icon=":material/info:")
+    forced_experts = None
+if forced_experts is not None and len(prompt_tokens) > MAX_RERUN_TOKENS:
+    st.info(
+        f"The re-run takes prompts of up to {MAX_RERUN_TOKENS:,} tokens; this one has {len(prompt_tokens):,}."
+    )
+elif forced_experts is not None:
+    spec = ForceRouting(layer=layer, experts=forced_experts, weights=forced_weights, site=site)
+    key = (source, tuple(ids), site, layer, settings.key())
+    if st.button("Re-run the model with this routing", type="primary", key="pg_rerun"):
+        with st.status("Running the prompt with the captured and the new routing…") as status:
+            try:
+                run = counterfactual(caches.get_model(source), token_ids=ids, interventions=[spec])
+                st.session_state["pg_rerun_result"] = (key, run)  # the latest only
+                status.update(label="Done", state="complete")
+            except moeviz.MoevizError as exc:
+                status.update(label=str(exc), state="error")
+    kept_key, run = st.session_state.get("pg_rerun_result", (None, None))
+    if kept_key == key:
+        x, y, z = st.columns(3)
+        x.metric(
+            "mean Δ log p(next token)",
+            f"{run.mean_delta_after:+.4f}" if len(run.deltas_after) else "—",
+            f"max |Δ| {run.max_abs_delta_after:.4f}" if len(run.deltas_after) else "one token",
+            delta_color="off",
+            delta_arrow="off",
+            help="Δ = log p_new(x_{t+1} | x_≤t) − log p_captured(x_{t+1} | x_≤t), mean over the prompt's "
+            "positions",
+        )
+        y.metric(
+            f"log p({run.next_token!r}) after the prompt",
+            f"{run.next_logprob_after:.4f}",
+            f"{run.next_logprob_change:+.4f}",
+        )
+        z.metric(
+            "Predicted next token",
+            repr(run.next_token_after),
+            "changed" if run.next_id_after != run.next_id else "same",
+            delta_color="off",
+        )
+        positions = run.position_frame()
+        exports.show_chart(position_delta_chart(positions), "pg_positions")
+        st.caption(
+            "Δ log-prob of the prompt's actual next token at every position with the routing forced at this "
+            "layer; orange: the token's experts changed at some MoE layer (later layers see changed inputs)."
+        )
+        exports.table_downloads(positions, "playground_logprobs")
+    else:
+        st.caption(
+            "Forces the re-routed experts and weights at this layer (the other layers route as usual)."
+        )
