@@ -25,9 +25,11 @@ page = st.navigation(
         "Teach": [
             st.Page("pages/learn.py", title="Learn", icon=":material/school:"),
             st.Page("pages/playground.py", title="Routing playground", icon=":material/tune:"),
+            st.Page("pages/lab.py", title="Lab", icon=":material/science:"),
         ],
         "Deploy": [st.Page("pages/deployment.py", title="Deployment", icon=":material/dns:")],
-    }
+    },
+    expanded=True,  # every page in view (Streamlit folds a menu of over 12 pages behind "View N more")
 )
 # A chart wider than its column (a fixed-width overview + detail of hundreds of experts, on a 900 px screen)
 # scrolls sideways inside the column instead of spilling over the page's edge.

@@ -14,6 +14,11 @@ from moeviz.settings import current_settings
 
 SAMPLE_PREFIX = "sample:"
 LOCAL_FOLDER = "Local folder…"
+LAB_PREFIX = "lab: "  # a model trained on the Lab page, in its session's picker only
+
+# Folders the Lab page saved its trained models in (this server made them): opened wherever
+# MOEVIZ_MODEL_DIRS points, like the bundled samples.
+_LAB_FOLDERS: set[Path] = set()
 
 Kind = Literal["model", "store"]
 
@@ -35,7 +40,7 @@ def folder_inside(text: str, kind: Kind) -> Path:
     unless every file and folder under it resolves inside them too (`check_links`)."""
     folder = Path(text).expanduser().resolve()
     roots = allowed_roots(kind)
-    if roots is None:
+    if roots is None or (kind == "model" and folder in _LAB_FOLDERS):
         return folder
     if not _inside(folder, roots):
         allowed = ", ".join(str(root) for root in roots)
@@ -88,6 +93,11 @@ def check_series(text: str) -> str:
     if not parts:
         raise ModelSourceError("enter the path of a folder of checkpoint folders (or A,B,C)")
     return ",".join(str(folder_inside(part, "model")) for part in parts)
+
+
+def allow_lab_folder(folder: Path) -> None:
+    """Let the app open `folder`, a model the Lab page trained and saved, whatever MOEVIZ_MODEL_DIRS says."""
+    _LAB_FOLDERS.add(Path(folder).resolve())
 
 
 def roots_hint(kind: Kind) -> str:

@@ -137,7 +137,7 @@ def themed_spec(spec: dict, theme: str) -> dict:
     return spec
 
 
-def _for_the_page(chart: alt.TopLevelMixin) -> None:
+def for_the_page(chart: alt.TopLevelMixin) -> None:
     """Make Streamlit's `chart.to_dict()` skip the JSON-schema check (about a quarter of a page rerun, ~15
     ms a chart; every chart function's spec is already validated by the chart tests) and return the spec
     in the page's theme (`themed_spec`). The chart itself is unchanged: its downloads stay light."""
@@ -188,7 +188,7 @@ def show_chart(chart: alt.TopLevelMixin, key: str, *, select: bool = False):
     With `select`, the page reruns on a selection and the selection event is returned. Every label of
     its axes is kept (`keep_labels`)."""
     keep_labels(chart)
-    _for_the_page(chart)
+    for_the_page(chart)
     with st.container(key=key):
         event = st.altair_chart(
             chart, width="stretch", on_select="rerun" if select else "ignore", key=f"{key}_chart"

@@ -13,11 +13,13 @@ from components.widgets import keep, kept, new_click
 
 
 def model_picker() -> str:
-    """Sidebar: pick a sample or type a local folder, and how to load it (the "Advanced" expander). Returns
+    """Sidebar: pick a sample, a model this session trained on the Lab page ("lab: <name>", opened from its
+    saved folder) or type a local folder, and how to load it (the "Advanced" expander). Returns
     the model key (`load_options`: the checked source, plus the load options when not the defaults); stops
     the page with a message on a bad source or option."""
     samples = access.sample_sources()
-    choices = [*samples, access.LOCAL_FOLDER]
+    lab = st.session_state.get("lab_models", {})  # models trained on the Lab page: name -> saved folder
+    choices = [*samples, *(access.LAB_PREFIX + name for name in lab), access.LOCAL_FOLDER]
     default = access.default_model()
     if "model" not in st.session_state:  # the choice kept across page switches
         if default.startswith(access.SAMPLE_PREFIX):
@@ -28,7 +30,9 @@ def model_picker() -> str:
     with st.sidebar:
         choice = kept("model", choices, st.selectbox, "Model", choices, widget_key="model_choice")
         source = choice
-        if choice == access.LOCAL_FOLDER:
+        if choice.startswith(access.LAB_PREFIX):
+            source = lab[choice.removeprefix(access.LAB_PREFIX)]
+        elif choice == access.LOCAL_FOLDER:
             st.session_state["model_folder"] = st.session_state.get("model_folder_kept", "")
             source = st.text_input(
                 "Model folder",

@@ -59,8 +59,9 @@ from moeviz.analysis.load import balance_from_counts, load_entropy_nats
 from moeviz.analysis.losses import bias_stats
 from moeviz.lab.config import HEADS, LabConfig
 from moeviz.lab.data import LabCorpus, lab_corpus, lab_tokenizer
-from moeviz.models.loading import _LOAD_LOCK, LoadedModel
+from moeviz.models.loading import MODEL_BUILD_LOCK, LoadedModel
 from moeviz.models.sites import find_moe_sites
+from moeviz.scoring import expert_capacity
 from moeviz.trace import ModelInfo
 
 BIAS_NAME = "e_score_correction_bias"
@@ -120,11 +121,6 @@ def lab_threads(threads: int = LAB_THREADS) -> Iterator[None]:
 
 
 # ---- routing ----------------------------------------------------------------------------------------------
-def expert_capacity(seq: int, k: int, experts: int, factor: float) -> int:
-    """Slots one expert takes per sequence of `seq` tokens: ceil(factor · seq · k / experts), at least 1."""
-    return max(1, math.ceil(factor * seq * k / experts - 1e-9))
-
-
 def capacity_keep(indices: torch.Tensor, probs: torch.Tensor, seq: int, factor: float) -> torch.Tensor:
     """Which slots [N, k] survive capacity (bool). indices [N, k] are the chosen experts of N = B·seq tokens,
     probs [N, E] the router probabilities. Per sequence and expert the `expert_capacity` slots of highest
@@ -133,7 +129,7 @@ def capacity_keep(indices: torch.Tensor, probs: torch.Tensor, seq: int, factor: 
     experts = probs.shape[1]
     if n % seq:
         seq = n
-    cap = expert_capacity(seq, k, experts, factor)
+    cap = max(1, expert_capacity(seq, k, experts, factor))  # Megatron get_capacity; a sequence keeps a slot
     seqs, width = n // seq, seq * k
     expert = indices.reshape(seqs, width)
     prob = probs.gather(1, indices).reshape(seqs, width)
@@ -230,7 +226,9 @@ def model_config(config: LabConfig, corpus: LabCorpus) -> MixtralConfig:
 
 def build_model(config: LabConfig, corpus: LabCorpus) -> MixtralForCausalLM:
     """A fresh model, initialised from `config.seed` only (N(0, 0.02²) matrices, unit norms)."""
-    with _LOAD_LOCK:  # transformers may switch torch's default dtype while another thread builds a model
+    with (
+        MODEL_BUILD_LOCK
+    ):  # transformers may switch torch's default dtype while another thread builds a model
         model = MixtralForCausalLM(model_config(config, corpus))
     generator = torch.Generator().manual_seed(config.seed)
     with torch.no_grad():
@@ -469,7 +467,7 @@ class LabRun:
     # -- the trained model -----------------------------------------------------------------------------
     def _plain_copy(self) -> MixtralForCausalLM:
         """A stock transformers Mixtral with the current weights (evaluation mode)."""
-        with _LOAD_LOCK:
+        with MODEL_BUILD_LOCK:
             copy = MixtralForCausalLM(self.model.config)
         copy.load_state_dict(self.model.state_dict())  # the bias buffer is not in the state dict
         return copy.eval()

@@ -51,7 +51,7 @@ from moeviz.trace import ModelInfo
 SAMPLE_PREFIX = "sample:"
 # transformers sets torch's process-wide default dtype while it builds a model and puts it back afterwards:
 # two loads at different dtypes on two threads (app sessions) would leave the wrong default behind.
-_LOAD_LOCK = threading.Lock()
+MODEL_BUILD_LOCK = threading.Lock()
 DEFAULT_SAMPLE = "sample:mixtral-healthy"  # the app's and the docs' default model
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 _TOKENIZER_FILES = (
@@ -207,7 +207,10 @@ def load_model(
     target = pick_device(device)  # with a device_map, only the dtype rule and messages use it
     load_dtype = resolve_dtype(dtype, config, folder, target)
     try:
-        with _LOAD_LOCK, torch.device("meta"):  # find the MoE layers and size the model, no weights allocated
+        with (
+            MODEL_BUILD_LOCK,
+            torch.device("meta"),
+        ):  # find the MoE layers and size the model, no weights allocated
             skeleton = auto_class.from_config(config, trust_remote_code=trust_remote_code)
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError) as exc:
         raise NotAModelFolderError(
@@ -232,7 +235,7 @@ def load_model(
     else:
         placement = {}
     try:
-        with _LOAD_LOCK, reporting_progress(progress, folder):
+        with MODEL_BUILD_LOCK, reporting_progress(progress, folder):
             model, loading_info = auto_class.from_pretrained(
                 folder,
                 config=config,

@@ -1,0 +1,372 @@
+"""Lab: train a small Mixtral-style MoE live on the sample corpus; watch its experts balance, or collapse."""
+
+import functools
+import math
+from dataclasses import asdict, fields
+
+import streamlit as st
+from components import exports
+from components import lab as runs
+from components.widgets import keep
+
+from moeviz.charts.lab import lab_load_chart, lab_loss_chart, lab_metric_chart
+from moeviz.errors import InputError
+from moeviz.lab import PRESETS, LabConfig
+from moeviz.samples import DOMAINS
+
+DEFAULTS = LabConfig()
+# field -> (label, lowest, highest, step, format, help); the bounds are `LabConfig`'s own
+CONTROLS = {
+    "experts": ("Experts", 1, 64, 1, None, "Routed experts per MoE layer; 1 = a dense model (one FFN)."),
+    "k": (
+        "k per token",
+        1,
+        64,
+        1,
+        None,
+        "Top-k: experts each token is sent to (at most the experts).",
+    ),
+    "aux_coef": (
+        "Aux loss coef.",
+        -1.0,
+        1.0,
+        0.005,
+        "%.3f",
+        "Weight of the Switch/GShard loss E·Σ f·P (1 when even). 0 = no balancing (hub experts); "
+        "negative rewards concentration (collapse).",
+    ),
+    "z_coef": (
+        "z-loss coef.",
+        0.0,
+        1.0,
+        0.001,
+        "%.3f",
+        "ST-MoE z-loss weight: keeps router logits small.",
+    ),
+    "bias_rate": (
+        "Bias rate γ",
+        0.0,
+        1.0,
+        0.001,
+        "%.3f",
+        "DeepSeek-V3 loss-free balancing: a per-expert bias, for selection only, moves by γ after each step "
+        "towards even load. 0 = off.",
+    ),
+    "router_noise": (
+        "Router noise",
+        0.0,
+        10.0,
+        0.1,
+        "%.2f",
+        "Std of Gaussian noise on the router logits while training.",
+    ),
+    "lr": ("Learning rate", 1e-6, 0.1, 5e-4, "%.4f", "AdamW learning rate."),
+    "steps": ("Steps", 1, 5000, 50, None, "Training steps (300 take well under a minute on 2 CPU cores)."),
+    "seed": ("Seed", 0, 2**32 - 1, 1, None, "Same seed, same curves."),
+}
+SIZE_CONTROLS = {
+    "d_model": ("Model width", 16, 512, 16, None, "d_model: a multiple of 8."),
+    "layers": ("Layers", 1, 8, 1, None, "Decoder layers, each with an MoE block."),
+    "expert_ffn": ("Expert FFN width", 0, 4096, 16, None, "Width of each expert's FFN; 0 = the model width."),
+    "batch": ("Batch", 1, 64, 1, None, "Sequences per step."),
+    "seq": ("Sequence length", 8, 512, 8, None, "Tokens per sequence."),
+    "eval_every": ("Evaluate every", 1, 5000, 5, None, "Steps between held-out evaluations."),
+}
+CAPACITY_ON, CAPACITY = "lab_capacity_on", "lab_capacity_factor"
+DEFAULT_CAPACITY = 1.25
+LOCKED = ("running", "paused", "idle")  # the controls are locked while a run is under way
+
+
+def _store_key(field: str) -> str:
+    return f"lab_{field}"
+
+
+def _config_values(config: LabConfig) -> dict:
+    """Control store values of a config (capacity as a toggle and a factor, expert_ffn None as 0)."""
+    values = {_store_key(name): value for name, value in asdict(config).items() if name != "capacity_factor"}
+    values[_store_key("expert_ffn")] = config.expert_ffn or 0
+    values[CAPACITY_ON] = config.capacity_factor is not None
+    values[CAPACITY] = config.capacity_factor or DEFAULT_CAPACITY
+    return values
+
+
+def fill(config: LabConfig) -> None:
+    """Preset callback: set every control to `config`'s value (the store and the widget: a value typed in
+    the same rerun must not win over the preset, whichever callback runs last)."""
+    for key, value in _config_values(config).items():
+        st.session_state[key] = st.session_state[f"{key}_widget"] = value
+
+
+def _kept(store_key: str, widget, *args, **kwargs):
+    """A widget whose value survives page switches: kept under `store_key`, shown by `<store_key>_widget`."""
+    widget_key = f"{store_key}_widget"
+    st.session_state[widget_key] = st.session_state[store_key]
+    return widget(*args, key=widget_key, on_change=keep, args=(widget_key, store_key), **kwargs)
+
+
+def _number(field: str, spec: tuple, disabled: bool) -> None:
+    label, low, high, step, fmt, help_text = spec
+    key = _store_key(field)
+    value = st.session_state[key]
+    st.session_state[key] = type(low)(min(max(value, low), high))  # a preset outside the range is clamped
+    _kept(key, st.number_input, label, low, high, step=step, format=fmt, help=help_text, disabled=disabled)
+
+
+def controls(locked: bool) -> tuple[LabConfig | None, str | None]:
+    """Presets and one control per `LabConfig` field. → (the config, None) or (None, what is wrong)."""
+    for key, value in _config_values(DEFAULTS).items():
+        st.session_state.setdefault(key, value)
+    st.markdown("**Presets**")
+    row = st.container(horizontal=True, gap="small")
+    for name, preset in PRESETS.items():
+        row.button(
+            name,
+            key=f"lab_preset_{name.replace(' ', '_')}",
+            on_click=fill,
+            args=(preset,),
+            disabled=locked,
+            help=preset.label(),
+        )
+    names = list(CONTROLS)
+    for pair in (names[i : i + 2] for i in range(0, len(names), 2)):
+        for column, name in zip(st.columns(2, gap="small"), pair, strict=False):
+            with column:
+                _number(name, CONTROLS[name], locked)
+    _kept(
+        CAPACITY_ON,
+        st.toggle,
+        "Capacity limit",
+        help="Megatron-style capacity per sequence: ceil(factor · S·k / E) slots per expert; the "
+        "lowest-probability slots beyond it are dropped.",
+        disabled=locked,
+    )
+    left, _ = st.columns(2, gap="small")
+    with left:
+        _number(
+            "capacity_factor",
+            ("Capacity factor", 0.05, 64.0, 0.25, "%.2f", "Slots per expert over the even share."),
+            locked or not _value(CAPACITY_ON),
+        )
+    with st.expander("Model size and batches"):
+        names = list(SIZE_CONTROLS)
+        for pair in (names[i : i + 2] for i in range(0, len(names), 2)):
+            for column, name in zip(st.columns(2, gap="small"), pair, strict=False):
+                with column:
+                    _number(name, SIZE_CONTROLS[name], locked)
+    st.caption(
+        f"Data: the bundled sample corpus ({len(DOMAINS)} domains), each split into training text (90%) and "
+        "held-out text (10%), tokenised with the samples' tokenizer."
+    )
+    return read_config()
+
+
+def _value(store_key: str):
+    """A control's value now: its widget's (set before any callback runs), else its store's."""
+    return st.session_state.get(f"{store_key}_widget", st.session_state[store_key])
+
+
+def read_config() -> tuple[LabConfig | None, str | None]:
+    """The controls' config → (it, None), or (None, what is wrong)."""
+    values = {f.name: _value(_store_key(f.name)) for f in fields(LabConfig) if f.name != "capacity_factor"}
+    values["expert_ffn"] = values["expert_ffn"] or None
+    values["capacity_factor"] = float(_value(CAPACITY)) if _value(CAPACITY_ON) else None
+    try:
+        return LabConfig(**values), None
+    except InputError as exc:
+        return None, str(exc)
+
+
+def start() -> None:
+    """Start callback: the config of the controls as they are at the click (a value typed just before it
+    counts), on the session's runner."""
+    config, _ = read_config()
+    if config is not None:
+        runs.start(config)
+
+
+def buttons(config: LabConfig | None, state: str | None) -> None:
+    first, second, third, fourth = st.columns(4, gap="small")
+    first.button(
+        "Start",
+        key="lab_start",
+        type="primary",
+        icon=":material/play_arrow:",
+        on_click=start,
+        disabled=config is None or state in ("running", "idle", "paused"),
+        width="stretch",
+    )
+    second.button(
+        "Pause",
+        key="lab_pause",
+        icon=":material/pause:",
+        on_click=runs.pause,
+        disabled=state != "running",
+        width="stretch",
+    )
+    third.button(
+        "Resume",
+        key="lab_resume",
+        icon=":material/resume:",
+        on_click=runs.resume,
+        disabled=state != "paused",
+        width="stretch",
+    )
+    fourth.button(
+        "Reset",
+        key="lab_reset",
+        icon=":material/restart_alt:",
+        on_click=runs.reset,
+        disabled=state is None,
+        width="stretch",
+        help="Stop and discard the run (the controls keep their values).",
+    )
+
+
+def _polling_every(state: str | None) -> float | None:
+    """How often the curves refresh: every second while training, slower while paused, not at all after."""
+    return {"idle": 1.0, "running": 1.0, "paused": 2.0}.get(state or "")
+
+
+def _chart(chart, key: str) -> None:
+    """A live chart, its labels kept and themed as `exports.show_chart` draws them, without its "Save chart"
+    popover (five of them would push the curves off a 720 px screen; the chart's own menu saves a PNG)."""
+    exports.keep_labels(chart)
+    exports.for_the_page(chart)
+    with st.container(key=key):
+        st.altair_chart(chart, width="stretch", key=f"{key}_chart")
+
+
+def live() -> None:
+    """The run's progress and curves (a fragment: only this part reruns while the model trains)."""
+    runner = runs.runner()
+    if runner is None:
+        st.info("Pick a preset or set the controls, then press **Start**.", icon=":material/science:")
+        return
+    state = runner.state
+    history, load = runner.snapshot()
+    config = runner.config
+    collapse_step = None if runner.run is None else runner.run.collapse_step
+    done = int(history["step"].max()) if len(history) else 0
+    words = {
+        "idle": "starting…",
+        "running": "training…",
+        "paused": "paused",
+        "done": "done",
+        "stopped": "stopped",
+    }
+    st.progress(
+        min(done / config.steps, 1.0), text=f"Step {done} of {config.steps} · {words.get(state, state)}"
+    )
+    if state == "error":
+        st.error(f"The training stopped with an error: {runner.error}")
+    status, picker = st.columns([3, 1], vertical_alignment="center")
+    layer = 0
+    if config.layers > 1:
+        layer = picker.selectbox(
+            "Layer",
+            list(range(config.layers)),
+            format_func=lambda n: f"layer {n}",
+            key="lab_layer",
+            label_visibility="collapsed",
+        )
+    if len(history):
+        last = history.iloc[-1]
+        heldout = history["heldout_loss"].dropna()
+        verdict = (
+            f":red[**collapsed** — the verdict first tripped at step {collapse_step}]"
+            if collapse_step is not None
+            else ":green[**not collapsed**]" + (" so far" if state in runs.ACTIVE else "")
+        )
+        status.markdown(
+            f"{config.label()} · train loss **{last['train_loss']:.3f}**"
+            + (f" · held-out **{heldout.iloc[-1]:.3f}**" if len(heldout) else "")
+            + f" · {verdict}"
+        )
+    left, right = st.columns(2, gap="medium")
+    with left:
+        _chart(lab_loss_chart(history, steps=config.steps, collapse_step=collapse_step), "lab_loss")
+    with right:
+        _chart(
+            lab_load_chart(load, layer, config.experts, steps=config.steps, collapse_step=collapse_step),
+            "lab_load",
+        )
+    even = math.log(config.experts) if config.experts > 1 else None
+    for column, metric in zip(
+        st.columns(3, gap="medium"), ("load_entropy", "dead_experts", "router_z"), strict=True
+    ):
+        with column:
+            chart = lab_metric_chart(
+                history,
+                metric,
+                steps=config.steps,
+                collapse_step=collapse_step,
+                reference=even if metric == "load_entropy" else None,
+            )
+            _chart(chart, f"lab_{metric}")
+    st.caption(
+        "**Load entropy**: of each layer's load over its experts, in nats, mean over the layers "
+        "(log E = even, 0 = one expert takes every token). **Dead experts**: experts that got no token in "
+        "the last steps, summed over the layers. **Router z-loss**: mean over tokens of "
+        "(log Σ exp router logits)², mean over the layers: how large the router's logits grow. Red dashes: "
+        "the step where moeviz's collapse verdict (the Load & collapse page's) first tripped."
+    )
+    if state != st.session_state.get("lab_drawn_state"):
+        st.session_state["lab_drawn_state"] = state
+        if state not in ("running", "idle", "paused"):
+            st.rerun()  # the run ended: redraw the whole page (controls unlocked, the model's actions)
+
+
+def finished(state: str | None) -> None:
+    """Once the run is done: open the model on the other pages, or download it."""
+    runner = runs.runner()
+    if runner is None or state != "done":
+        return
+    config = runner.config
+    opened = runs.opened_name()
+    left, right = st.columns(2, gap="small")
+    left.button(
+        "Open it on the other pages",
+        key="lab_open",
+        icon=":material/open_in_new:",
+        on_click=runs.open_in_picker,
+        disabled=config.dense,
+        help="A dense model (1 expert) has no routing to show." if config.dense else None,
+        width="stretch",
+    )
+    right.download_button(
+        "Download (.zip)",
+        functools.partial(runs.zip_bytes, runner),
+        "moeviz-lab-model.zip",
+        "application/zip",
+        icon=":material/download:",
+        on_click="ignore",
+        width="stretch",
+        help="The trained model as a Hugging Face folder, zipped: `moeviz.load_model` opens it unzipped.",
+    )
+    if opened is not None:
+        st.success(f"In the model picker of every page as **lab: {opened}** (this session only).")
+        links = st.columns(3)
+        links[0].page_link("pages/routing.py", label="Routing", icon=":material/alt_route:")
+        links[1].page_link("pages/load.py", label="Load & collapse", icon=":material/balance:")
+        links[2].page_link("pages/attention.py", label="Attention", icon=":material/visibility:")
+
+
+st.title("Lab: train a small MoE")
+st.caption(
+    "A small Mixtral-style model trains on this server while you watch: its loss, how its router spreads "
+    "tokens over the experts, and whether the experts collapse. Try the presets: *healthy* (a balancing "
+    "loss), *hub experts* (none), *collapse* (a negative one)."
+)
+state = runs.state()
+message = runs.pop_message()
+settings, view = st.columns([1.3, 2.7], gap="medium")
+with settings:
+    config, problem = controls(locked=state in LOCKED)
+    if problem:
+        st.error(problem)
+with view:
+    buttons(config, state)
+    if message is not None:
+        st.warning(f"{message[1]}", icon=":material/hourglass_top:")
+    finished(state)
+    st.fragment(run_every=_polling_every(state))(live)()
