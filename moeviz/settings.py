@@ -15,6 +15,7 @@ SETTINGS_HELP = {
     "MOEVIZ_STORE_DIRS": "folders (os.pathsep-separated) the app may open corpus stores from; unset = any",
     "MOEVIZ_DEFAULT_MODEL": "the model the app opens first (a `sample:NAME` or a folder)",
     "MOEVIZ_SAMPLE_MODELS": "where the bundled sample models live (default: the installed sample_models/)",
+    "MOEVIZ_LAB_MAX_RUNS": "lab trainings the server runs at once (a positive integer; default 2)",
 }
 
 
@@ -31,6 +32,7 @@ class Settings:
     store_dirs: tuple[Path, ...] | None
     default_model: str | None
     sample_models: Path | None
+    lab_max_runs: int | None  # None: unset or not a positive integer (the lab's default applies)
 
 
 def current_settings() -> Settings:
@@ -43,4 +45,13 @@ def current_settings() -> Settings:
         store_dirs=_roots(env.get("MOEVIZ_STORE_DIRS", "")),
         default_model=default_model or None,
         sample_models=Path(samples).expanduser() if samples else None,
+        lab_max_runs=_positive_int(env.get("MOEVIZ_LAB_MAX_RUNS", "")),
     )
+
+
+def _positive_int(raw: str) -> int | None:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        return None
+    return value if value > 0 else None

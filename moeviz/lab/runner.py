@@ -11,7 +11,6 @@ MAX_STEPS × layers × experts float32 values (10 MB at the largest config); the
 
 from __future__ import annotations
 
-import os
 import threading
 import traceback
 
@@ -21,6 +20,7 @@ from moeviz.errors import MoevizError
 from moeviz.lab.config import LabConfig
 from moeviz.lab.train import HISTORY_COLUMNS, LOAD_COLUMNS, LabRun, lab_threads
 from moeviz.models.loading import LoadedModel
+from moeviz.settings import current_settings
 
 DEFAULT_MAX_RUNS = 2
 MAX_RUNS = DEFAULT_MAX_RUNS  # the default limit; max_runs() reads MOEVIZ_LAB_MAX_RUNS at each start
@@ -36,12 +36,7 @@ class LabBusy(MoevizError):
 
 def max_runs() -> int:
     """The server-wide limit: env MOEVIZ_LAB_MAX_RUNS (a positive integer), else DEFAULT_MAX_RUNS."""
-    text = os.environ.get("MOEVIZ_LAB_MAX_RUNS", "").strip()
-    try:
-        value = int(text) if text else DEFAULT_MAX_RUNS
-    except ValueError:
-        return DEFAULT_MAX_RUNS
-    return value if value > 0 else DEFAULT_MAX_RUNS
+    return current_settings().lab_max_runs or DEFAULT_MAX_RUNS
 
 
 def active_runs() -> int:
