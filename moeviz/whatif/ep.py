@@ -40,7 +40,7 @@ import pandas as pd
 
 from moeviz.analysis.load import expert_counts
 from moeviz.errors import InputError
-from moeviz.whatif.eplb import balanced_packing, is_hierarchical, rebalance_experts, replicate_experts
+from moeviz.whatif.eplb import balanced_packing, rebalance_experts, replicate_experts
 from moeviz.whatif.routes import LayerRoutes, Routes
 
 PLACEMENTS = ("contiguous", "eplb", "traffic")
@@ -297,14 +297,6 @@ def fit_placement(routes: Routes, config: EPConfig) -> Placement:
         kind=config.placement,
         fitted_on=f"{routes.tokens} tokens of {routes.model}",
     )
-
-
-def eplb_policy(routes: Routes, config: EPConfig) -> str:
-    """Which EPLB policy `fit_placement` uses for these routes: 'hierarchical' or 'global'."""
-    groups = routes.layers[0].n_group or 1
-    if _num_experts(routes) % groups:
-        groups = 1
-    return "hierarchical" if is_hierarchical(groups, config.nodes) else "global"
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ class LayerRoutes:
     - weights [N, k] float32: combination weights (0 for a dropped slot)
     - stream [N] int64: sequence id (each sequence is decoded on its own); rows sorted by (stream, pos)
     - pos [N] int64: position within the sequence
-    - scores [N, E] float32 | None: selection scores (traces only; a store keeps k scores per token)
     - n_group, topk_group: group-limited routing (DeepSeek-V3 style), None otherwise
     """
 
@@ -35,7 +34,6 @@ class LayerRoutes:
     stream: np.ndarray
     pos: np.ndarray
     num_experts: int
-    scores: np.ndarray | None = None
     n_group: int | None = None
     topk_group: int | None = None
 
@@ -65,7 +63,6 @@ class LayerRoutes:
             weights=self.weights[rows],
             stream=self.stream[rows],
             pos=self.pos[rows],
-            scores=None if self.scores is None else self.scores[rows],
         )
 
 
@@ -141,7 +138,6 @@ def routes_from_trace(trace: Trace, site: str | None = None) -> Routes:
                 stream=seq[order],
                 pos=pos[order],
                 num_experts=routing.num_experts,
-                scores=np.asarray(routing.selection_scores[order], dtype=np.float32),
                 n_group=routing.n_group,
                 topk_group=routing.topk_group,
             )
