@@ -3,6 +3,7 @@ is read, quantised checkpoints, and loading progress (bytes read)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -393,13 +394,12 @@ def read_safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
     one line, never echoing the file's bytes): a regular file; a header length that fits the file; a JSON
     object of {dtype, shape, data_offsets} entries with a known dtype; each tensor's bytes (shape × dtype)
     equal to its offsets' span, inside the file; no two tensors sharing bytes."""
-    name = path.name
     info = path.stat()  # follows links; never opens (a FIFO would block the open)
     if not stat.S_ISREG(info.st_mode):
         raise CorruptWeightsError(
-            f"{name} is not a regular file (a FIFO, device or folder): refusing to read it"
+            f"{path.name} is not a regular file (a FIFO, device or folder): refusing to read it"
         )
-    size = info.st_size
+    name, size = path.name, info.st_size
     with path.open("rb") as handle:
         head = handle.read(8)
         if len(head) < 8:
@@ -408,6 +408,13 @@ def read_safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
         if header_len > min(size - 8, _MAX_HEADER_BYTES):
             raise CorruptWeightsError(f"{name} is not a safetensors file: header length invalid")
         raw = handle.read(header_len)
+    return dict(_parse_header(name, raw, size - 8 - header_len))
+
+
+# One load reads each header several times (validation, memory estimate, progress): the bytes are read
+# every time (cheap, and a rewritten file is never missed), the JSON parsed and checked once.
+@functools.lru_cache(maxsize=16)
+def _parse_header(name: str, raw: bytes, data_size: int) -> dict[str, dict[str, Any]]:
     try:
         header = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -415,7 +422,6 @@ def read_safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
         raise CorruptWeightsError(f"{name} has a corrupt header (not JSON: {reason})") from exc
     if not isinstance(header, dict):
         raise CorruptWeightsError(f"{name} has a corrupt header: the header is not a JSON object")
-    data_size = size - 8 - header_len
     entries = {k: v for k, v in header.items() if k != "__metadata__"}
     spans = []
     for key, entry in entries.items():
