@@ -1,5 +1,6 @@
 """moeviz app entry point: `streamlit run app/streamlit_app.py`."""
 
+import importlib
 import os
 
 import streamlit as st
@@ -34,4 +35,10 @@ page = st.navigation(
 # A chart wider than its column (a fixed-width overview + detail of hundreds of experts, on a 900 px screen)
 # scrolls sideways inside the column instead of spilling over the page's edge.
 st.html("<style>.stVegaLiteChart, [data-testid='stVegaLiteChart'] { overflow-x: auto; }</style>")
+# transformers is fully imported before any page runs. Streamlit's fast reruns start a new script thread
+# (another page, after a click) while the old one still runs, and `transformers` swaps itself for a lazy
+# module in sys.modules during its first import: a page doing `from transformers import X` then is handed
+# the half-built module and fails ("cannot import name X"). importlib waits for the import and returns the
+# finished module (the first session's first run pays the import, which its page needs anyway).
+importlib.import_module("transformers")
 page.run()

@@ -48,6 +48,17 @@ def test_every_tab_renders_by_default() -> None:
         assert any("Definition" in c.value for c in at.caption), tab
 
 
+def test_the_hit_rate_curve_samples_the_cache_sizes_at_scale() -> None:
+    """Every cache size up to CURVE_POINTS of them (the samples: k = 2 of 8); at 256 experts, top-8, 25 sizes
+    from k to E instead of 249 replays of every layer."""
+    from components.deployment import CURVE_POINTS, curve_caches
+
+    assert curve_caches(2, 8) == tuple(range(2, 9))
+    sizes = curve_caches(8, 256)
+    assert len(sizes) == CURVE_POINTS and sizes[0] == 8 and sizes[-1] == 256
+    assert list(sizes) == sorted(set(sizes))
+
+
 def test_gpus_change_the_balancedness_to_the_library_value(loaded) -> None:
     at = run_page(PAGE, model=MODEL, prompt=TEXT)
     routes = routes_from_trace(moeviz.capture(loaded, TEXT))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import altair as alt
 import numpy as np
 import pandas as pd
 import pytest
@@ -130,6 +131,35 @@ def test_capacity_charts() -> None:
     assert shown["dropped"].tolist() == [1, 0] and set(shown["cf"]) == {2.0}
 
 
+def test_overflow_heatmap_at_256_experts_is_the_overview_and_detail() -> None:
+    """256 experts × 58 layers (DeepSeek-V3's shape): not a label per expert on one axis (they overlap), but
+    the pages' heatmap at scale, every cell's dropped share once, on the white → orange scale."""
+    layers, e = 58, 256
+    rng = np.random.default_rng(0)
+    experts = pd.DataFrame(
+        {
+            "layer": np.repeat(np.arange(layers), e),
+            "cf": 1.0,
+            "expert": np.tile(np.arange(e), layers),
+            "assigned": rng.integers(0, 40, layers * e),
+        }
+    )
+    experts["dropped"] = experts["assigned"] // 3
+    experts["dropped_fraction"] = experts["dropped"] / experts["assigned"].clip(lower=1)
+    with alt.data_transformers.enable(max_rows=None):  # as the app draws it (exports.show_chart)
+        spec = spec_of(charts.overflow_heatmap(experts, 1.0))
+    overview, _ = spec["vconcat"]
+    x = overview["layer"][0]["encoding"]["x"]
+    assert x["type"] == "quantitative" and not x["axis"]["labelOverlap"]  # ticks Vega fits, not 256 labels
+    assert overview["width"] / e <= 3
+    data = data_of(spec)
+    assert len(data) == layers * e
+    assert np.allclose(data["value"], experts["dropped_fraction"])
+    assert (data["count"] == experts["assigned"]).all()
+    colour = overview["layer"][0]["encoding"]["color"]
+    assert colour["scale"]["range"] == ["#ffffff", "#a63603"] and colour["title"] == "dropped"
+
+
 def test_quantisation_charts() -> None:
     layers = pd.DataFrame(
         {
@@ -161,3 +191,19 @@ def test_params_chart() -> None:
     sizes = pd.DataFrame({"name": ["a", "b"], "total_params": [100, 10_000], "active_params": [50, 1_000]})
     data = data_of(spec_of(charts.params_chart(sizes)))
     assert data.pivot(index="name", columns="kind", values="params").loc["b"].tolist() == [1_000, 10_000]
+
+
+def test_capacity_drop_chart_never_lists_58_layers_in_a_legend() -> None:
+    """Up to 20 layers a legend entry per layer; 58 (DeepSeek-V3): a gradient, still one line per layer."""
+    for count, kind in ((4, "nominal"), (58, "quantitative")):
+        layers = pd.DataFrame(
+            {
+                "layer": np.repeat(np.arange(count), 2),
+                "cf": np.tile([1.0, 2.0], count),
+                "policy": "probs",
+                "capacity": np.tile([2, 4], count),
+                "dropped_fraction": np.tile([0.5, 0.1], count),
+            }
+        )
+        encoding = spec_of(charts.capacity_drop_chart(layers))["encoding"]
+        assert encoding["color"]["type"] == kind and encoding["detail"]["field"] == "layer"

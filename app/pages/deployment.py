@@ -241,7 +241,7 @@ if offload_tab.open is not False:
                     source, input_key, routes, cache, tuple(policies), expert_size, float(bandwidth)
                 )
                 curve = deployment.offload_curve(
-                    source, input_key, routes, tuple(range(k, experts + 1)), tuple(policies)
+                    source, input_key, routes, deployment.curve_caches(k, experts), tuple(policies)
                 )
             columns = st.columns(len(results))
             for column, (policy, result) in zip(columns, results.items(), strict=True):

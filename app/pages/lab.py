@@ -185,39 +185,41 @@ def start() -> None:
 
 
 def buttons(config: LabConfig | None, state: str | None) -> None:
-    first, second, third, fourth = st.columns(4, gap="small")
-    first.button(
+    """Start / Pause / Resume / Reset in one row that wraps (four equal columns cut their labels to one
+    letter on a 900 px screen with the sidebar open)."""
+    row = st.container(horizontal=True, gap="small")
+    row.button(
         "Start",
         key="lab_start",
         type="primary",
         icon=":material/play_arrow:",
         on_click=start,
         disabled=config is None or state in ("running", "idle", "paused"),
-        width="stretch",
+        width="content",
     )
-    second.button(
+    row.button(
         "Pause",
         key="lab_pause",
         icon=":material/pause:",
         on_click=runs.pause,
         disabled=state != "running",
-        width="stretch",
+        width="content",
     )
-    third.button(
+    row.button(
         "Resume",
         key="lab_resume",
         icon=":material/resume:",
         on_click=runs.resume,
         disabled=state != "paused",
-        width="stretch",
+        width="content",
     )
-    fourth.button(
+    row.button(
         "Reset",
         key="lab_reset",
         icon=":material/restart_alt:",
         on_click=runs.reset,
         disabled=state is None,
-        width="stretch",
+        width="content",
         help="Stop and discard the run (the controls keep their values).",
     )
 

@@ -10,6 +10,7 @@ import moeviz
 from moeviz.analysis.reroute import RerouteSettings, max_k, reroute_layer
 from moeviz.charts import expert_load_chart, router_score_heatmap
 from moeviz.charts.attribution import position_delta_chart
+from moeviz.charts.learn import aux_terms_compare_chart
 from moeviz.interventions import ForceRouting, counterfactual
 
 MAX_TOKENS = 200  # tokens of the dispatch heatmap
@@ -145,16 +146,18 @@ with stop_on_error():
 
 # ---- what changed ----------------------------------------------------------------------------------------
 n_tokens = len(routing.token_rows)
-m1, m2, m3, m4 = st.columns(4)
-m1.metric("Tokens that changed experts", f"{rerouted.changed_tokens} of {n_tokens}")
-m2.metric(
+# a row that wraps: four equal columns cut the values themselves ("0 of …") on a 900 px screen
+metrics = st.container(horizontal=True, gap="large")
+metrics.metric("Tokens that changed experts", f"{rerouted.changed_tokens} of {n_tokens}", width="content")
+metrics.metric(
     "Dropped slots",
     f"{rerouted.dropped_slots} of {n_tokens * k}",
     "no capacity" if rerouted.capacity is None else f"capacity C = {rerouted.capacity} per expert",
     delta_color="off",
     delta_arrow="off",
+    width="content",
 )
-m3.metric(
+metrics.metric(
     "Aux loss, re-routed",
     f"{rerouted.aux_loss:.4f}",
     f"captured {rerouted.captured_aux_loss:.4f}",
@@ -162,8 +165,16 @@ m3.metric(
     delta_arrow="off",
     help="Switch/GShard E·Σ f_e·P_e (unscaled): f_e = share of tokens sent to expert e, P_e = its mean "
     "router probability",
+    width="content",
 )
-m4.metric("Aux loss under even load", f"{k}", f"captured {routing.k}", delta_color="off", delta_arrow="off")
+metrics.metric(
+    "Aux loss under even load",
+    f"{k}",
+    f"captured {routing.k}",
+    delta_color="off",
+    delta_arrow="off",
+    width="content",
+)
 
 left, right = st.columns(2)
 with left:
@@ -207,10 +218,12 @@ with st.expander(f"Tokens that changed experts ({len(changed)})"):
 
 st.subheader("Auxiliary balancing loss, per expert")
 terms = rerouted.aux_terms_frame()
-chart_terms = terms[["expert", "term_captured", "term"]].rename(
-    columns={"term_captured": "captured", "term": "re-routed"}
+exports.show_chart(
+    aux_terms_compare_chart(
+        terms, k=k, k_captured=routing.k, title=f"Terms E·f_e·P_e, layer {layer}: captured and re-routed"
+    ),
+    "pg_aux_terms",
 )
-st.bar_chart(chart_terms, x="expert", y=["captured", "re-routed"], stack=False, height=220)
 st.caption(
     f"Each expert's term E·f_e·P_e; the terms sum to the aux loss. Under even load every f_e = k/E and the "
     f"loss is k ({k}); it grows when the experts that get the most tokens also get the most probability."
@@ -248,26 +261,29 @@ elif forced_experts is not None:
                 status.update(label=str(exc), state="error")
     kept_key, run = st.session_state.get("pg_rerun_result", (None, None))
     if kept_key == key:
-        x, y, z = st.columns(3)
-        x.metric(
+        row = st.container(horizontal=True, gap="large")  # wraps on a narrow screen
+        row.metric(
             "mean Δ log p(next token)",
             f"{run.mean_delta_after:+.4f}" if len(run.deltas_after) else "—",
             f"max |Δ| {run.max_abs_delta_after:.4f}" if len(run.deltas_after) else "one token",
             delta_color="off",
             delta_arrow="off",
+            width="content",
             help="Δ = log p_new(x_{t+1} | x_≤t) − log p_captured(x_{t+1} | x_≤t), mean over the prompt's "
             "positions",
         )
-        y.metric(
+        row.metric(
             f"log p({run.next_token!r}) after the prompt",
             f"{run.next_logprob_after:.4f}",
             f"{run.next_logprob_change:+.4f}",
+            width="content",
         )
-        z.metric(
+        row.metric(
             "Predicted next token",
             repr(run.next_token_after),
             "changed" if run.next_id_after != run.next_id else "same",
             delta_color="off",
+            width="content",
         )
         positions = run.position_frame()
         exports.show_chart(position_delta_chart(positions), "pg_positions")

@@ -10,6 +10,7 @@ import pandas as pd
 
 from moeviz.charts._common import INK, PAPER, log2_fold, log2_fold_colour
 from moeviz.charts.routing import _FIT_WIDTH
+from moeviz.charts.scale import MAX_CATEGORICAL, layer_expert_heatmap
 
 # Dispatch messages by where they go (DeepEP's split): own GPU, same node over NVLink, other node over RDMA.
 DISPATCH_KINDS = {
@@ -343,6 +344,15 @@ def capacity_drop_chart(
     """
     data = layers[["layer", "cf", "policy", "capacity", "dropped_fraction"]].copy()
     data["dropped_fraction"] = data["dropped_fraction"].astype(np.float64)
+    if data["layer"].nunique() <= MAX_CATEGORICAL:
+        colour = alt.Color("layer:N", title="MoE layer", legend=alt.Legend(orient="bottom"))
+    else:  # 58 layers (DeepSeek-V3): a gradient over the layers, not a legend of 58 entries cut at the edge
+        colour = alt.Color(
+            "layer:Q",
+            title="MoE layer",
+            scale=alt.Scale(scheme="viridis"),
+            legend=alt.Legend(orient="bottom", format="d"),
+        )
     return (
         alt.Chart(data)
         .mark_line(point=True)
@@ -354,7 +364,8 @@ def capacity_drop_chart(
                 axis=alt.Axis(labelOverlap=True),
             ),
             y=alt.Y("dropped_fraction:Q", title="dropped fraction", axis=alt.Axis(format="%")),
-            color=alt.Color("layer:N", title="MoE layer", legend=alt.Legend(orient="bottom")),
+            color=colour,
+            detail="layer:N",
             tooltip=[
                 alt.Tooltip("layer:O"),
                 alt.Tooltip("cf:Q", title="CF"),
@@ -405,11 +416,27 @@ def overflow_heatmap(experts: pd.DataFrame, cf: float, *, title: str | None = No
     (0 = fits, white; darker = overflows more).
 
     Input: `CapacityResult.experts_frame()` (columns layer, cf, expert, assigned, dropped, dropped_fraction).
+    Over MAX_CATEGORICAL experts (256 on DeepSeek-V3 shapes: a label per expert cannot fit), the pages'
+    layer × expert heatmap at scale: an overview of every expert with a brush, the brushed range in detail.
     """
     data = experts[np.isclose(experts["cf"].astype(np.float64), cf)][
         ["layer", "cf", "expert", "assigned", "dropped", "dropped_fraction"]
     ].copy()
     data["dropped_fraction"] = data["dropped_fraction"].astype(np.float64)
+    scale = alt.Scale(
+        range=["#ffffff", "#a63603"],
+        interpolate="rgb",
+        domain=[0, max(float(data["dropped_fraction"].max()) if len(data) else 0.0, 1e-9)],
+    )
+    heading = title or f"Overflowing experts at CF {cf:g}"
+    if data["expert"].nunique() > MAX_CATEGORICAL:
+        return layer_expert_heatmap(
+            data.assign(count=data["assigned"]),
+            "dropped_fraction",
+            title=heading,
+            colour_scale=scale,
+            legend_title="dropped",
+        )
     layers = int(data["layer"].nunique()) if len(data) else 1
     return (
         alt.Chart(data)
@@ -418,14 +445,7 @@ def overflow_heatmap(experts: pd.DataFrame, cf: float, *, title: str | None = No
             x=alt.X("expert:O", axis=alt.Axis(labelAngle=0)),
             y=alt.Y("layer:O", title="MoE layer"),
             color=alt.Color(
-                "dropped_fraction:Q",
-                title="dropped",
-                scale=alt.Scale(
-                    range=["#ffffff", "#a63603"],
-                    interpolate="rgb",
-                    domain=[0, max(float(data["dropped_fraction"].max()), 1e-9)],
-                ),
-                legend=alt.Legend(format="%"),
+                "dropped_fraction:Q", title="dropped", scale=scale, legend=alt.Legend(format="%")
             ),
             tooltip=[
                 alt.Tooltip("layer:O"),
@@ -436,9 +456,7 @@ def overflow_heatmap(experts: pd.DataFrame, cf: float, *, title: str | None = No
             ],
         )
         .properties(
-            title=alt.Title(
-                title or f"Overflowing experts at CF {cf:g}", subtitle="share of assignments dropped"
-            ),
+            title=alt.Title(heading, subtitle="share of assignments dropped"),
             height=min(max(26 * layers, 100), 700),
             autosize=_FIT_WIDTH,
         )

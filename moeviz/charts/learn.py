@@ -199,6 +199,61 @@ def aux_terms_chart(terms: pd.DataFrame, *, k: int, title: str) -> alt.LayerChar
     )
 
 
+def aux_terms_compare_chart(terms: pd.DataFrame, *, k: int, k_captured: int, title: str) -> alt.LayerChart:
+    """Each expert's term E · f_e · P_e of the auxiliary loss for the captured and the re-routed routing side
+    by side (grey and orange bars), and a dashed rule at each one's even value k/E. Over 20 experts every
+    16th expert id is labelled.
+
+    Input: `RerouteResult.aux_terms_frame()` (columns expert, term_captured, term)."""
+    wide = terms[["expert", "term_captured", "term"]].astype({"term_captured": float, "term": float})
+    data = wide.rename(columns={"term_captured": "captured", "term": "re-routed"}).melt(
+        "expert", var_name="routing", value_name="term"
+    )
+    num_experts = len(wide)
+    routings = ["captured", "re-routed"]
+    data["even"] = np.where(data["routing"] == "captured", k_captured, k) / max(num_experts, 1)
+    colour = alt.Color(
+        "routing:N",
+        scale=alt.Scale(domain=routings, range=["#9d9d9d", CHOSEN]),
+        legend=alt.Legend(title=None),
+    )
+    # over 20 experts (256: bars a few pixels wide) a labelled tick every 16th expert, not 256 labels
+    ticks = {} if num_experts <= 20 else {"values": list(range(0, num_experts, 16))}
+    x = alt.X("expert:O", axis=alt.Axis(labelAngle=0, labelOverlap=False, labelFontSize=12, **ticks))
+    bars = (
+        alt.Chart()
+        .mark_bar()
+        .encode(
+            x=x,
+            xOffset=alt.XOffset("routing:N", sort=routings),
+            y=alt.Y("term:Q", title="E · f · P"),
+            color=colour,
+            tooltip=[
+                alt.Tooltip("expert:O"),
+                alt.Tooltip("routing:N"),
+                alt.Tooltip("term:Q", format=".4f", title="E·f·P"),
+            ],
+        )
+    )
+    rules = (
+        alt.Chart()
+        .mark_rule(strokeDash=[6, 4], strokeWidth=1.5)
+        .transform_aggregate(even="max(even)", groupby=["routing"])
+        .encode(
+            y="even:Q",
+            color=colour,
+            tooltip=[alt.Tooltip("routing:N"), alt.Tooltip("even:Q", format=".4f", title="k/E")],
+        )
+    )
+    return alt.layer(bars, rules, data=data).properties(
+        title=alt.Title(
+            title, subtitle=f"dashed: k/E, each term under even load (captured k = {k_captured})"
+        ),
+        height=220,
+        autosize=_FIT_WIDTH,
+    )
+
+
 def load_side_by_side_chart(load: pd.DataFrame, *, title: str, width: int = 210) -> alt.FacetChart:
     """Small multiples: one panel per model (in the frame's order), bars of each expert's share of the
     layer's kT slots, and a dashed rule at the fair share 1/E.

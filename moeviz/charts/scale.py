@@ -156,6 +156,8 @@ def layer_expert_heatmap(
     order_name: str = "id",
     title: str | None = None,
     width: int = 760,
+    colour_scale: alt.Scale | None = None,
+    legend_title: str | None = None,
 ) -> alt.VConcatChart | alt.LayerChart:
     """Layer × expert heatmap of one per-(layer, expert) value, for any number of experts.
 
@@ -166,7 +168,8 @@ def layer_expert_heatmap(
     optional (a dot on each dispatched cell, as in `token_layer_scores_chart`). `order`: expert ids in
     axis order (a permutation, or a subset to filter: experts not in it are not drawn), default by id;
     `order_name` says what it is sorted by (axis title).
-    `highlight`: an expert whose column is outlined.
+    `highlight`: an expert whose column is outlined. `colour_scale` / `legend_title`: another scale and
+    legend title for a value other than utilisation (default viridis, titled `value`).
 
     Up to MAX_CATEGORICAL experts: one heatmap, every expert and layer labelled (the 8-expert view).
     Above: an overview (every expert at a pixel or two, layers unlabelled) with an interval brush over the
@@ -192,6 +195,8 @@ def layer_expert_heatmap(
         if column in frame:
             data[column] = frame[column].to_numpy(dtype=dtype)[keep]
     colour = _value_colour(value)
+    if colour_scale is not None and value != "utilisation":
+        colour = alt.Color("value:Q", scale=colour_scale, title=legend_title or value)
     tooltip = [
         alt.Tooltip("layer:O"),
         alt.Tooltip("expert:O"),

@@ -51,8 +51,16 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from transformers import MixtralConfig, MixtralForCausalLM
-from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock, MixtralTopKRouter
+
+# From the defining modules, not `from transformers import …`: `transformers` swaps itself for a lazy module
+# in sys.modules while it is first imported, and a second thread importing it then (an app page whose script
+# starts while another session's still imports it) is handed the half-built module without those names.
+from transformers.models.mixtral.configuration_mixtral import MixtralConfig
+from transformers.models.mixtral.modeling_mixtral import (
+    MixtralForCausalLM,
+    MixtralSparseMoeBlock,
+    MixtralTopKRouter,
+)
 
 from moeviz.analysis.collapse import CollapseThresholds, Verdict, judge_layer
 from moeviz.analysis.load import balance_from_counts, load_entropy_nats
