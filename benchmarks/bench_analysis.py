@@ -9,6 +9,7 @@ vocabulary specialisation without shuffles, saturation) well under 2 s; shuffle 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -57,15 +58,12 @@ def synthetic_trace(
         weights = np.take_along_axis(logits, top, axis=1)
         weights = np.exp(weights - weights.max(axis=1, keepdims=True))
         weights /= weights.sum(axis=1, keepdims=True)
-        scores = scores_from_logits(logits, "softmax")  # the Trace contract: scores = softmax(logits)
         routings.append(
             LayerRouting(
                 layer=layer,
                 site="mlp",
                 token_rows=np.arange(n),
-                logits=logits,
-                scores=scores,
-                selection_scores=selection_scores(scores, None),
+                logits=logits,  # the Trace derives scores = softmax(logits)
                 experts=top,
                 weights=weights,
                 score_fn="softmax",
@@ -83,7 +81,7 @@ def _checkpoint_of(trace: Trace, seed: int = 1) -> Trace:
         experts = r.experts.copy()
         moved = rng.random(len(experts)) < 0.3
         experts[moved] = np.argsort(-rng.random((int(moved.sum()), r.num_experts)), axis=1)[:, : r.k]
-        layers.append(LayerRouting(**{**r.__dict__, "experts": experts}))
+        layers.append(dataclasses.replace(r, experts=experts))
     return Trace(model=trace.model, tokens=trace.tokens, layers=layers)
 
 
@@ -105,8 +103,7 @@ def _biased_of(trace: Trace, seed: int = 2) -> Trace:
         scores = scores_from_logits(r.logits, "sigmoid")
         selection = selection_scores(scores, bias)
         experts = np.argsort(-selection, axis=1)[:, : r.k]
-        update = {"scores": scores, "selection_scores": selection, "experts": experts, "score_fn": "sigmoid"}
-        layers.append(LayerRouting(**{**r.__dict__, **update, "bias": bias}))
+        layers.append(dataclasses.replace(r, experts=experts, score_fn="sigmoid", bias=bias))
     return Trace(model=trace.model, tokens=trace.tokens, layers=layers)
 
 

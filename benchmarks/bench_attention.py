@@ -1,14 +1,25 @@
-"""Attention-capture cost: overhead at 512 tokens, and a long-context (default 32k-token) capture.
+"""Attention-capture cost: overhead at 512 tokens, capture + all-head summaries at 2,048 tokens, and (behind
+`--long`) a long-context capture.
 
-(a) `moeviz.capture(..., attention=True)` vs a plain forward of the same model on the same 512 tokens, runs
-    interleaved so machine noise hits both alike; ratio of medians (target <= 1.15). Also reported: the
-    routing-only capture, and eager attention with `output_attentions=True` (the usual approach).
-(b) Long context: the sample model `mixtral-healthy` on its whole context (32,768 tokens; sliding-window
-    attention over 256 tokens): routing + attention capture, per-head summaries of every layer, one attention
-    row of the last token; wall time against a plain forward, and peak RSS (after the plain forward alone,
-    and after the capture).
+CPU time (`time.process_time`) with one torch thread, contenders interleaved (the order alternates each
+round) so machine noise hits all alike; figures are medians of per-round ratios to the plain forward.
 
-    python benchmarks/bench_attention.py [--tokens 512] [--repeats 15] [--long 32768] [--skip-long]
+(a) 512 tokens: `moeviz.capture(..., attention=True)` vs a plain forward (target <= 1.15). Also reported:
+    the routing-only capture, and eager attention with `output_attentions=True` (the usual approach).
+(b) 2,048 tokens (issue 18): plain forward; capture with attention; capture with attention + per-token
+    summaries of all layers and heads (`summaries()`) and the head grid (`head_summary()`, what the app
+    shows). Target: capture + summaries <= 1.5x a plain forward. Repeated `--summary-repeats` times (3);
+    prints the median and the spread (min-max) of the ratio.
+(c) `--long 32768`: the sample model `mixtral-healthy` on its whole context (sliding-window attention over
+    256 tokens): routing + attention capture, per-head summaries of every layer, one attention row of the
+    last token; time against a plain forward, and peak RSS (after the plain forward alone, and after the
+    capture).
+
+Models: a random d=512, 8-layer Mixtral (`bench_capture_overhead.mid_size_mixtral`) and the bundled sample
+`sample:mixtral-healthy`.
+
+    python benchmarks/bench_attention.py [--tokens 512] [--repeats 15] [--summary-tokens 2048]
+        [--summary-repeats 3] [--skip-overhead] [--skip-summaries] [--long 32768]
 """
 
 from __future__ import annotations
@@ -33,15 +44,21 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def overhead(loaded, tokens: int, repeats: int) -> dict[str, float]:
+def _inputs(loaded, tokens: int):
+    """Seeded random ids [1, tokens], the same as a list, and the plain forward on them."""
     vocab = loaded.model.config.vocab_size
     ids = torch.randint(3, vocab, (1, tokens), generator=torch.Generator().manual_seed(0))
-    id_list = ids[0].tolist()
-    model = loaded.model
 
     def plain():
         with torch.inference_mode():
-            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+            loaded.model(input_ids=ids, attention_mask=torch.ones_like(ids))
+
+    return ids, ids[0].tolist(), plain
+
+
+def overhead(loaded, tokens: int, repeats: int) -> dict[str, float]:
+    ids, id_list, plain = _inputs(loaded, tokens)
+    model = loaded.model
 
     def routing():
         moeviz.capture(loaded, token_ids=id_list)
@@ -56,17 +73,17 @@ def overhead(loaded, tokens: int, repeats: int) -> dict[str, float]:
     for i in range(repeats):
         order = list(runs) if i % 2 == 0 else list(reversed(runs))  # alternate order: no position bias
         for name in order:
-            start = time.perf_counter()
+            start = time.process_time()
             runs[name]()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(time.process_time() - start)
     eager_times = []
     model.set_attn_implementation("eager")
     try:
         for _ in range(max(3, repeats // 3)):
-            start = time.perf_counter()
+            start = time.process_time()
             with torch.inference_mode():
                 model(input_ids=ids, attention_mask=torch.ones_like(ids), output_attentions=True)
-            eager_times.append(time.perf_counter() - start)
+            eager_times.append(time.process_time() - start)
     finally:
         model.set_attn_implementation("sdpa")
     base = statistics.median(times["plain"])
@@ -83,27 +100,56 @@ def overhead(loaded, tokens: int, repeats: int) -> dict[str, float]:
     }
 
 
+def summaries_cost(loaded, tokens: int, repeats: int) -> dict:
+    """(b): plain forward, capture with attention, capture + summaries of all layers and heads, interleaved
+    (the order rotates each round); per-round ratios to the plain forward of the same round."""
+    _, id_list, plain = _inputs(loaded, tokens)
+
+    def capture():
+        moeviz.capture(loaded, token_ids=id_list, attention=True)
+
+    def capture_summaries():
+        attention = moeviz.capture(loaded, token_ids=id_list, attention=True).attention
+        frame = attention.summaries()
+        grid = attention.head_summary()
+        assert len(frame) == tokens * sum(attention.layer(i).num_heads for i in attention.map_layers)
+        assert len(grid) >= len(attention.map_layers)
+
+    runs = {"plain": plain, "capture": capture, "capture+summaries": capture_summaries}
+    for fn in runs.values():  # warm-up
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
+    for i in range(repeats):
+        for name in names[i % 3 :] + names[: i % 3]:
+            start = time.process_time()
+            runs[name]()
+            times[name].append(time.process_time() - start)
+    ratios = {name: [t / p for t, p in zip(times[name], times["plain"], strict=True)] for name in names[1:]}
+    return {"plain_s": statistics.median(times["plain"]), "ratios": ratios}
+
+
 def long_context(tokens: int) -> dict[str, float]:
     loaded = moeviz.load_model("sample:mixtral-healthy")
     if tokens > (loaded.max_length or 0):
         raise SystemExit(f"--long {tokens} exceeds the sample's context of {loaded.max_length} tokens")
     vocab = loaded.model.config.vocab_size
     ids = torch.randint(3, vocab, (1, tokens), generator=torch.Generator().manual_seed(0))
-    start = time.perf_counter()
+    start = time.process_time()
     with torch.inference_mode():
         loaded.model(input_ids=ids, attention_mask=torch.ones_like(ids))
-    plain_s = time.perf_counter() - start
+    plain_s = time.process_time() - start
     rss_after_plain = _peak_rss_mib()
-    start = time.perf_counter()
+    start = time.process_time()
     trace = moeviz.capture(loaded, token_ids=ids[0].tolist(), attention=True)
-    capture_s = time.perf_counter() - start
+    capture_s = time.process_time() - start
     rss_after_capture = _peak_rss_mib()
-    start = time.perf_counter()
+    start = time.process_time()
     summaries = trace.attention.summaries(window=128)
-    summaries_s = time.perf_counter() - start
-    start = time.perf_counter()
+    summaries_s = time.process_time() - start
+    start = time.process_time()
     row = trace.attention.row(trace.attention.map_layers[-1], 0, 0, tokens - 1)
-    row_s = time.perf_counter() - start
+    row_s = time.process_time() - start
     return {
         "tokens": tokens,
         "plain_forward_s": plain_s,
@@ -125,17 +171,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--long", type=int, default=32768)
-    parser.add_argument("--skip-long", action="store_true")
+    parser.add_argument("--summary-tokens", type=int, default=2048)
+    parser.add_argument("--summary-repeats", type=int, default=3)
+    parser.add_argument("--long", type=int, default=0, help="tokens of the long-context run (0: skip)")
     parser.add_argument("--skip-overhead", action="store_true")
+    parser.add_argument("--skip-summaries", action="store_true")
     args = parser.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
+    torch.set_num_threads(1)
+    models = (
+        ("random mixtral d=512 L=8", mid_size_mixtral),
+        ("sample:mixtral-healthy", lambda: moeviz.load_model("sample:mixtral-healthy")),
+    )
+    print(f"torch threads: {torch.get_num_threads()}; CPU time (process_time), contenders interleaved")
+    if not args.skip_summaries:
+        for name, load in models:
+            result = summaries_cost(load(), args.summary_tokens, args.summary_repeats)
+            parts = []
+            for contender, ratios in result["ratios"].items():
+                parts.append(
+                    f"{contender} {statistics.median(ratios):.3f}x "
+                    f"(spread {min(ratios):.3f}-{max(ratios):.3f})"
+                )
+            summary = statistics.median(result["ratios"]["capture+summaries"])
+            print(
+                f"[{args.summary_tokens} tokens, {name}] plain {result['plain_s'] * 1e3:.0f} ms | "
+                + " | ".join(parts)
+                + f" | target capture+summaries <= 1.5x: {'met' if summary <= 1.5 else 'NOT met'} "
+                f"({args.summary_repeats} rounds)"
+            )
     if not args.skip_overhead:
-        for name, loaded in (
-            ("random mixtral d=512 L=8", mid_size_mixtral()),
-            ("sample:mixtral-healthy", moeviz.load_model("sample:mixtral-healthy")),
-        ):
-            result = overhead(loaded, args.tokens, args.repeats)
+        for name, load in models:
+            result = overhead(load(), args.tokens, args.repeats)
             print(
                 f"[{args.tokens} tokens, {name}] plain {result['plain_s'] * 1e3:.1f} ms | "
                 f"routing capture {result['routing_ratio']:.3f}x | "
@@ -143,7 +209,7 @@ def main() -> None:
                 f"min/min {result['attention_min_ratio']:.3f}x) | "
                 f"eager output_attentions {result['eager_output_attentions_ratio']:.3f}x"
             )
-    if not args.skip_long:
+    if args.long:
         result = long_context(args.long)
         print(
             f"[long context] tokens {result['tokens']} | plain forward {result['plain_forward_s']:.1f} s | "

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ import pandas as pd
 from moeviz.errors import TraceFormatError
 from moeviz.scoring import scores_from_logits, selection_scores
 
-TRACE_FORMAT = "moeviz.trace/1"
+TRACE_FORMAT = "moeviz.trace/2"
+READABLE_FORMATS = ("moeviz.trace/1", TRACE_FORMAT)
 
 TOKEN_COLUMNS = ["seq", "pos", "stream", "token_id", "token", "phase", "step", "predicted_id"]
 ROUTING_COLUMNS = [
@@ -96,8 +98,9 @@ class LayerRouting:
     N = tokens this layer routed (padding excluded), E = experts, k = slots per token.
     - token_rows [N]: row of each token in `Trace.tokens`
     - logits [N, E]: raw router logits (fp32)
-    - scores [N, E]: router scores, `score_fn(logits)`, before any top-k renormalisation
-    - selection_scores [N, E]: what the experts were selected on (scores + balancing bias, if any)
+    - scores [N, E] (derived, read-only): router scores, `score_fn(logits)`, before any top-k renormalisation
+    - selection_scores [N, E] (derived, read-only): what the experts were selected on (scores + balancing
+      bias, if any)
     - experts [N, k]: dispatched expert ids, -1 for a slot dropped by capacity; slots by descending weight
     - weights [N, k]: combination weights the model applied (0 for dropped)
     - bias [E] | None: balancing bias added for selection only
@@ -111,8 +114,6 @@ class LayerRouting:
     site: str
     token_rows: np.ndarray
     logits: np.ndarray
-    scores: np.ndarray
-    selection_scores: np.ndarray
     experts: np.ndarray
     weights: np.ndarray
     score_fn: str
@@ -125,13 +126,15 @@ class LayerRouting:
     n_group: int | None = None
     topk_group: int | None = None
     group_score: str | None = None  # "top2_sum" | "max" | None
+    # derived arrays, computed on first use and kept while logits, score_fn and bias are the same objects
+    _derived: dict[str, tuple[Any, np.ndarray]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         n = len(self.token_rows)
         for name, arr, dims in (
             ("logits", self.logits, 2),
-            ("scores", self.scores, 2),
-            ("selection_scores", self.selection_scores, 2),
             ("experts", self.experts, 2),
             ("weights", self.weights, 2),
         ):
@@ -141,8 +144,30 @@ class LayerRouting:
             raise ValueError(
                 f"layer {self.layer}: experts {self.experts.shape} != weights {self.weights.shape}"
             )
-        if self.scores.shape != self.logits.shape:
-            raise ValueError(f"layer {self.layer}: scores {self.scores.shape} != logits {self.logits.shape}")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_derived": {}}  # a pickle carries the logits, not what derives from them
+
+    def _cached(self, name: str, key: tuple[Any, ...], compute) -> np.ndarray:
+        hit = self._derived.get(name)
+        if hit is not None and all(a is b for a, b in zip(hit[0], key, strict=True)):
+            return hit[1]
+        value = compute()
+        self._derived[name] = (key, value)
+        return value
+
+    @property
+    def scores(self) -> np.ndarray:
+        """[N, E] router scores, `score_fn(logits)` in fp32 (`moeviz.scoring.scores_from_logits`): derived
+        from `logits` on first use, never stored apart from them (read-only)."""
+        key = (self.logits, self.score_fn)
+        return self._cached("scores", key, lambda: scores_from_logits(self.logits, self.score_fn))
+
+    @property
+    def selection_scores(self) -> np.ndarray:
+        """[N, E] what the experts were selected on: `scores` + `bias` (`scores` itself without a bias)."""
+        key = (self.logits, self.score_fn, self.bias)
+        return self._cached("selection_scores", key, lambda: selection_scores(self.scores, self.bias))
 
     @property
     def num_experts(self) -> int:
@@ -155,6 +180,17 @@ class LayerRouting:
     @property
     def key(self) -> tuple[str, int]:
         return (self.site, self.layer)
+
+
+class LazyTokens:
+    """A token table built on first use: `Trace(tokens=LazyTokens(build))` calls `build()` (→ the
+    DataFrame, TOKEN_COLUMNS) the first time `trace.tokens` is read, so a capture whose caller never looks
+    at the token strings does not decode them."""
+
+    __slots__ = ("build",)
+
+    def __init__(self, build: Callable[[], pd.DataFrame]) -> None:
+        self.build = build
 
 
 @dataclass
@@ -173,9 +209,13 @@ class Trace:
     """
 
     model: ModelInfo
-    tokens: pd.DataFrame
+    tokens: pd.DataFrame  # a property (below): a LazyTokens given here is built on first read
     layers: list[LayerRouting]
     attention: Any | None = None  # moeviz.attention.AttentionCapture (not imported: keeps Trace torch-free)
+
+    def __getstate__(self) -> dict[str, Any]:
+        self.tokens  # noqa: B018 - build a lazy token table: its builder is not picklable
+        return dict(self.__dict__)
 
     def layer(self, layer: int, site: str | None = None) -> LayerRouting:
         for routing in self.layers:
@@ -206,7 +246,7 @@ class Trace:
                 dataclasses.replace(
                     first,
                     token_rows=np.concatenate([r.token_rows + off for r, off in parts]),
-                    **{n: stack(n) for n in ("logits", "scores", "selection_scores", "experts", "weights")},
+                    **{n: stack(n) for n in ("logits", "experts", "weights")},
                 )
             )
         return cls(model=traces[0].model, tokens=pd.concat(token_parts, ignore_index=True), layers=merged)
@@ -250,16 +290,20 @@ class Trace:
 
     # ---- Parquet -----------------------------------------------------------------------------------
     def to_parquet(self, path: str | Path) -> Path:
-        """Write the routing table (plus each token's full logits) to one Parquet file, atomically."""
+        """Write the routing table (plus each token's full logits) to one Parquet file, atomically.
+
+        Format `moeviz.trace/2`: one row per (token, layer, rank) with ROUTING_COLUMNS, and a `logits`
+        column (list<float32>, the token's E router logits) on each token's rank-0 row only, null on the
+        others (as the store keeps per-token values); version 1 repeated them on all k rows. The file's
+        `moeviz` metadata holds the format, the model info, the token table and each layer's facts.
+        """
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         path = Path(path)
         frame = self.routing_frame()
         table = pa.Table.from_pandas(frame, preserve_index=False)
-        table = table.append_column(
-            "logits", _logits_column([_repeat_rows(r.logits, r.k) for r in self.layers])
-        )
+        table = table.append_column("logits", _rank0_logits_column(self.layers))
         meta = {
             "format": TRACE_FORMAT,
             "model": asdict(self.model),
@@ -271,7 +315,14 @@ class Trace:
         tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial")
         try:
             with open(tmp, "wb") as handle:
-                pq.write_table(table, handle, compression="zstd")
+                pq.write_table(
+                    table,
+                    handle,
+                    compression="zstd",
+                    # distinct floats: no dictionary; bytes split by significance compress well
+                    use_dictionary=[c for c in table.column_names if c != "logits"],
+                    column_encoding={"logits.list.element": "BYTE_STREAM_SPLIT"},
+                )
                 handle.flush()
                 os.fsync(handle.fileno())  # the bytes are on disk before the name says the file is complete
             tmp.replace(path)
@@ -281,6 +332,7 @@ class Trace:
 
     @classmethod
     def from_parquet(cls, path: str | Path) -> Trace:
+        """Read a trace written by `to_parquet` (format version 2, or version 1)."""
         import pyarrow.parquet as pq
 
         path = Path(path)
@@ -292,8 +344,11 @@ class Trace:
         if raw is None:
             raise TraceFormatError(f"{path}: a Parquet file, but not a moeviz trace (no 'moeviz' metadata)")
         meta = json.loads(raw)
-        if meta.get("format") != TRACE_FORMAT:
-            raise TraceFormatError(f"{path}: trace format {meta.get('format')!r}, expected {TRACE_FORMAT!r}")
+        if meta.get("format") not in READABLE_FORMATS:
+            raise TraceFormatError(
+                f"{path}: trace format {meta.get('format')!r}, expected one of {list(READABLE_FORMATS)}"
+            )
+        per_rank = meta["format"] == "moeviz.trace/1"  # version 1: the logits repeated on every rank's row
         tokens = pd.DataFrame(meta["tokens"])[TOKEN_COLUMNS]
         frame = table.drop_columns(["logits"]).to_pandas()
         logits_all = table.column("logits").combine_chunks()
@@ -301,16 +356,34 @@ class Trace:
         layers, start = [], 0
         for info in meta["layers"]:
             n_rows = info["num_tokens"] * info["k"]
+            if start + n_rows > len(frame):
+                raise TraceFormatError(f"{path}: {len(frame)} routing rows, metadata accounts for more")
             part = frame.iloc[start : start + n_rows : info["k"]]
             token_rows = token_index.get_indexer(pd.MultiIndex.from_frame(part[["stream", "seq", "pos"]]))
             if (token_rows < 0).any():
                 raise TraceFormatError(f"{path}: routing rows refer to tokens missing from the token table")
             rows = frame.iloc[start : start + n_rows]
-            layers.append(_layer_from_rows(info, token_rows, rows, logits_all.slice(start, n_rows)))
+            logits = _layer_logits(path, info, logits_all.slice(start, n_rows), per_rank)
+            layers.append(_layer_from_rows(info, token_rows, rows, logits))
             start += n_rows
         if start != len(frame):
             raise TraceFormatError(f"{path}: {len(frame)} routing rows, metadata accounts for {start}")
         return cls(model=ModelInfo(**meta["model"]), tokens=tokens, layers=layers)
+
+
+def _get_tokens(trace: Trace) -> pd.DataFrame:
+    value = trace.__dict__["_tokens"]
+    if isinstance(value, LazyTokens):
+        value = value.build()
+        trace.__dict__["_tokens"] = value
+    return value
+
+
+def _set_tokens(trace: Trace, value: pd.DataFrame | LazyTokens) -> None:
+    trace.__dict__["_tokens"] = value
+
+
+Trace.tokens = property(_get_tokens, _set_tokens, doc="The token table (see the class docstring).")  # type: ignore[assignment]
 
 
 def _layer_frame(tokens: pd.DataFrame, routing: LayerRouting) -> pd.DataFrame:
@@ -342,20 +415,41 @@ def _layer_frame(tokens: pd.DataFrame, routing: LayerRouting) -> pd.DataFrame:
     return frame
 
 
-def _repeat_rows(values: np.ndarray, k: int) -> np.ndarray:
-    return np.repeat(values.astype(np.float32), k, axis=0)
-
-
-def _logits_column(per_layer: list[np.ndarray]):
-    """Per-layer [R, E] float32 blocks (E may differ between layers) → one Arrow list<float32> column."""
+def _rank0_logits_column(layers: list[LayerRouting]):
+    """One Arrow list<float32> column over all routing rows (layer by layer, k rows per token): each token's
+    [E] logits on its rank-0 row, null on the other k-1 (E may differ between layers)."""
     import pyarrow as pa
 
-    lengths = np.concatenate(
-        [np.full(len(b), b.shape[1], dtype=np.int32) for b in per_layer] or [np.zeros(0, np.int32)]
+    lengths, valid, values = [], [], []
+    for routing in layers:
+        n, k = routing.experts.shape
+        rank0 = np.zeros(n * k, dtype=bool)
+        rank0[::k] = True
+        lengths.append(np.where(rank0, routing.num_experts, 0).astype(np.int64))
+        valid.append(rank0)
+        values.append(np.ascontiguousarray(routing.logits, dtype=np.float32).reshape(-1))
+    lengths_all = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+    offsets = np.zeros(len(lengths_all) + 1, dtype=np.int64)
+    np.cumsum(lengths_all, out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        raise ValueError("trace too large for one Parquet file: more than 2^31 logits")
+    null = ~np.concatenate(valid) if valid else np.zeros(0, bool)
+    return pa.ListArray.from_arrays(
+        pa.array(offsets.astype(np.int32), type=pa.int32()),
+        pa.array(np.concatenate(values) if values else np.zeros(0, np.float32), type=pa.float32()),
+        mask=pa.array(null, type=pa.bool_()),
     )
-    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int32)
-    values = np.concatenate([b.reshape(-1) for b in per_layer] or [np.zeros(0, np.float32)])
-    return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), pa.array(values, type=pa.float32()))
+
+
+def _layer_logits(path: Path, info: dict[str, Any], column, per_rank: bool) -> np.ndarray:
+    """[N, E] float32 logits of one layer from its [N·k] rows of the `logits` column (rank-0 rows only in
+    version 2; every row, k equal copies, in version 1)."""
+    n, k, e = info["num_tokens"], info["k"], info["num_experts"]
+    flat = np.asarray(column.flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
+    expected = n * k * e if per_rank else n * e
+    if flat.size != expected:
+        raise TraceFormatError(f"{path}: layer {info['layer']}: {flat.size} logits, expected {expected}")
+    return flat.reshape(n, k, e)[:, 0] if per_rank else flat.reshape(n, e)
 
 
 def _layer_meta(routing: LayerRouting) -> dict[str, Any]:
@@ -379,20 +473,15 @@ def _layer_meta(routing: LayerRouting) -> dict[str, Any]:
 
 
 def _layer_from_rows(
-    info: dict[str, Any], token_rows: np.ndarray, part: pd.DataFrame, logits_rows
+    info: dict[str, Any], token_rows: np.ndarray, part: pd.DataFrame, logits: np.ndarray
 ) -> LayerRouting:
-    n, k, e = info["num_tokens"], info["k"], info["num_experts"]
-    flat = logits_rows.flatten().to_numpy(zero_copy_only=False)
-    logits = np.asarray(flat, dtype=np.float32).reshape(n, k, e)[:, 0]
+    n, k = info["num_tokens"], info["k"]
     bias = None if info["bias"] is None else np.asarray(info["bias"], dtype=np.float32)
-    scores = scores_from_logits(logits, info["score_fn"])
     return LayerRouting(
         layer=info["layer"],
         site=info["site"],
         token_rows=token_rows,
         logits=logits,
-        scores=scores,
-        selection_scores=selection_scores(scores, bias),
         experts=part["expert"].to_numpy().reshape(n, k),
         weights=part["weight"].to_numpy().astype(np.float32).reshape(n, k),
         score_fn=info["score_fn"],

@@ -25,7 +25,7 @@ from moeviz.analysis import (
 from moeviz.analysis.confidence import confidence_summary_frame, layer_confidence, topk_margin
 from moeviz.analysis.load import balance_from_counts, ep_balancedness, gini, jain_index
 from moeviz.analysis.losses import aux_loss, aux_loss_pooled, bias_stats, router_probs, z_loss
-from moeviz.scoring import scores_from_logits, selection_scores
+from moeviz.scoring import scores_from_logits
 from moeviz.trace import TOKEN_COLUMNS, LayerRouting, ModelInfo, Trace
 
 
@@ -46,14 +46,11 @@ def make_layer(
     experts = experts[:, None] if experts.ndim == 1 else experts
     logits = np.zeros((n, num_experts), np.float32) if logits is None else np.asarray(logits, np.float32)
     bias = None if bias is None else np.asarray(bias, np.float32)
-    scores = scores_from_logits(logits, score_fn)
     return LayerRouting(
         layer=layer,
         site=site,
         token_rows=np.arange(n),
         logits=logits,
-        scores=scores,
-        selection_scores=selection_scores(scores, bias),
         experts=experts,
         weights=np.where(experts >= 0, 1.0 / experts.shape[1], 0.0).astype(np.float32),
         score_fn=score_fn,

@@ -209,3 +209,40 @@ def test_predicted_next_token_is_the_models_argmax(tiny_model_dir):
     ids, predicted = gen.tokens.token_id.tolist(), gen.tokens.predicted_id.tolist()
     assert predicted[:2] == [-1, -1]  # generate computes no next-token logits for earlier prompt positions
     assert predicted[2:-1] == ids[3:]
+
+
+def test_numpy_slot_sort_matches_the_torch_decoder():
+    """Capture decodes `experts(hidden, top_k_index, top_k_weights)` in numpy: the same slots, in the same
+    order, as `moeviz.models.decoding.sort_slots` (dropped last, ties by expert id), sorted or not."""
+    from moeviz.capture.routing import sort_slots_np
+    from moeviz.models.decoding import sort_slots
+
+    rng = np.random.default_rng(0)
+    for k in (1, 2, 4):
+        experts = rng.integers(-1, 8, size=(200, k))
+        # ties, and weights a packed float key could not tell apart (1e-30 vs 2e-30 under a 1e-9 id term)
+        levels = np.float32([0.0, 1e-30, 2e-30, 0.25, 0.5, 0.75])
+        weights = rng.choice(levels, size=(200, k)).astype(np.float32)
+        want = sort_slots(torch.from_numpy(experts), torch.from_numpy(weights))
+        got = sort_slots_np(experts, weights)
+        np.testing.assert_array_equal(got[0], want[0].numpy())
+        np.testing.assert_array_equal(got[1], want[1].numpy())
+        for row_e, row_w in zip(got[0], got[1], strict=True):  # the order itself, by a plain Python sort
+            slots = sorted(zip(row_e, row_w, strict=True), key=lambda s: (s[0] < 0, -s[1], s[0]))
+            assert [e for e, _ in slots] == row_e.tolist()
+        ordered = sort_slots_np(*got)  # already in order: returned as it is
+        np.testing.assert_array_equal(ordered[0], got[0])
+
+
+def test_an_unread_token_table_does_not_keep_the_model_alive(tiny_model_dir):
+    import gc
+    import weakref
+
+    loaded = moeviz.load_model(tiny_model_dir("mixtral"))
+    model = weakref.ref(loaded.model)
+    expected = loaded.token_texts([5, 6, 5])
+    trace = moeviz.capture(loaded, token_ids=[[5, 6, 5]])
+    del loaded
+    gc.collect()
+    assert model() is None  # the lazy table holds the tokenizer and its cache, not the model ...
+    assert trace.tokens["token"].tolist() == expected  # ... and still decodes the strings

@@ -37,8 +37,6 @@ def softmax_routing() -> LayerRouting:
         site="mlp",
         token_rows=np.arange(12),
         logits=logits,
-        scores=scores,
-        selection_scores=scores,
         experts=experts,
         weights=chosen / chosen.sum(axis=1, keepdims=True),
         score_fn="softmax",
@@ -121,3 +119,25 @@ def test_side_by_side_and_sweep_specs() -> None:
     data = data_of(spec)
     assert sorted(data["k"].unique()) == ["k = 1", "k = 2"]
     assert data.query("k == 'k = 2' and experts == 4")["heldout_loss"].tolist() == [pytest.approx(2.5)]
+
+
+def test_aux_terms_compare_chart_draws_both_routings_terms() -> None:
+    """The playground's per-expert aux terms: captured and re-routed bars side by side with their even
+    values k/E; at 256 experts every 16th expert is labelled (not 256 rotated labels)."""
+    from moeviz.charts.learn import aux_terms_compare_chart
+
+    for experts in (8, 256):
+        rng = np.random.default_rng(experts)
+        terms = pd.DataFrame(
+            {"expert": range(experts), "term_captured": rng.random(experts), "term": rng.random(experts)}
+        )
+        spec = aux_terms_compare_chart(terms, k=1, k_captured=2, title="t").to_dict()
+        (rows,) = spec["datasets"].values()
+        shown = pd.DataFrame(rows)
+        for routing, column in (("captured", "term_captured"), ("re-routed", "term")):
+            drawn = shown[shown["routing"] == routing].sort_values("expert")
+            assert np.allclose(drawn["term"], terms[column]), routing
+            assert np.allclose(drawn["even"], (2 if routing == "captured" else 1) / experts)
+        axis = spec["layer"][0]["encoding"]["x"]["axis"]
+        assert axis["labelAngle"] == 0 and axis["labelOverlap"] is False
+        assert axis.get("values") == (list(range(0, 256, 16)) if experts > 20 else None)

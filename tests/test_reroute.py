@@ -50,8 +50,6 @@ def _layer(probs: np.ndarray = P, k: int = 2) -> LayerRouting:
         site="mlp",
         token_rows=np.arange(len(probs)),
         logits=logits,
-        scores=scores,
-        selection_scores=scores,
         experts=experts,
         weights=weights.astype(np.float32),
         score_fn="softmax",

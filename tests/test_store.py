@@ -151,14 +151,11 @@ E, K, SEQS, LENGTH = 8, 2, 4, 100
 def _routing(layer: int, experts: np.ndarray, rng: np.random.Generator) -> LayerRouting:
     n = len(experts)
     logits = rng.normal(size=(n, E)).astype(np.float32)
-    scores = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
     return LayerRouting(
         layer=layer,
         site="mlp",
         token_rows=np.arange(n),
         logits=logits,
-        scores=scores,
-        selection_scores=scores,
         experts=experts,
         weights=np.full(experts.shape, 0.5, np.float32),
         score_fn="softmax",

@@ -69,12 +69,29 @@ def eligible_experts(routing: LayerRouting, chosen: np.ndarray | None = None) ->
     experts in `chosen` [N, k] (-1 ignored), so that the decision itself is always eligible. None when the
     layer does not limit groups (every expert is eligible)."""
     n_group, topk_group = routing.n_group, routing.topk_group
-    n, e = routing.selection_scores.shape
-    if not n_group or not topk_group or n_group <= 1 or topk_group >= n_group or e % n_group:
+    if (
+        not n_group
+        or not topk_group
+        or n_group <= 1
+        or topk_group >= n_group
+        or routing.num_experts % n_group
+    ):
         return None
+    return eligible_by_groups(routing.selection_scores, n_group, topk_group, routing.group_score, chosen)
+
+
+def eligible_by_groups(
+    selection: np.ndarray,
+    n_group: int,
+    topk_group: int,
+    group_score: str | None,
+    chosen: np.ndarray | None = None,
+) -> np.ndarray:
+    """`eligible_experts` from selection scores [N, E] and the group rule (E divisible by n_group)."""
+    n, e = selection.shape
     size = e // n_group
-    grouped = np.asarray(routing.selection_scores, dtype=np.float32).reshape(n, n_group, size)
-    if routing.group_score == "max":
+    grouped = np.asarray(selection, dtype=np.float32).reshape(n, n_group, size)
+    if group_score == "max":
         group_scores = grouped.max(axis=2)
     else:  # "top2_sum", the DeepSeek-V3 rule
         best2 = -np.partition(-grouped, 1, axis=2)[:, :, :2] if size > 1 else grouped

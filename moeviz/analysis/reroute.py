@@ -177,7 +177,7 @@ def reroute(routing: LayerRouting, settings: RerouteSettings, seqs: np.ndarray |
     groups = _groups(routing, settings)
     choose_on = selection
     if groups is not None:
-        probe = dataclasses.replace(routing, logits=logits, scores=scores, selection_scores=selection)
+        probe = dataclasses.replace(routing, logits=logits, score_fn=settings.score_fn, bias=bias)
         choose_on = np.where(eligible_experts(probe), selection, np.float32(-np.inf))
     experts = top_k_indices(choose_on, k) if n else np.zeros((0, k), dtype=np.int64)
     weights = np.take_along_axis(scores, experts, axis=1)
@@ -278,9 +278,7 @@ class Rerouted:
         grouped = self.groups is not None
         return dataclasses.replace(
             self.routing,
-            logits=self.logits,
-            scores=self.scores,
-            selection_scores=self.selection_scores,
+            logits=self.logits,  # scores and selection scores derive from these as `reroute` computed them
             experts=self.experts,
             weights=self.weights,
             score_fn=self.settings.score_fn,

@@ -101,7 +101,7 @@ def mean_score_frame(trace: Trace) -> pd.DataFrame:
 
 def _one_token(routing: LayerRouting, i: int) -> LayerRouting:
     rows = slice(i, i + 1)
-    arrays = ("token_rows", "logits", "scores", "selection_scores", "experts", "weights")
+    arrays = ("token_rows", "logits", "experts", "weights")  # the scores derive from the logits
     return dataclasses.replace(routing, **{name: getattr(routing, name)[rows] for name in arrays})
 
 

@@ -8,7 +8,9 @@ h // (H / Hkv), as `repeat_kv` does.
 
 Maps are recomputed as softmax(scaling · q kᵀ + mask) — with the sink logit as one more column that is then
 dropped, as GPT-OSS's eager attention does — so a row, a block or a full [T, T] map is only built when
-asked for. Summaries stream over query blocks (memory O(block · T), never T × T).
+asked for. Summaries are one fused pass per layer over query blocks of all heads at once (`_layer_stats`:
+each [H, rows, keys] block of scores is built once and yields every statistic; memory O(block), never
+T × T), within 1e-6 of float64.
 
 Not persisted: `Trace.to_parquet` does not store attention; a trace read back has `attention = None`.
 """
@@ -34,7 +36,21 @@ SUMMARY_COLUMNS = [
     "local_mass",
     "learned_sink_mass",
 ]
-_BLOCK_ELEMENTS = 1 << 23  # [H, rows, keys] scores per step in the streaming pass (32 MiB of fp32)
+_BLOCK_ELEMENTS = 1 << 21  # [H, rows, keys] scores per block of the streaming pass (8 MiB of fp32 per buffer)
+_MAX_ROWS = 512  # query rows per block at most
+_ROWS_DIVISOR = 2  # rows per block: the widest row's keys / 2 (a sliding window: blocks over ~1.5 W keys)
+_EXP_FLOOR = -80.0  # shifted scores are clamped here: exp(-80) < 2e-35, and exp's underflow path is slow
+# Precision of the streaming pass (torch dtype names), so that every statistic stays within 1e-6 of a
+# float64 computation from the full map (tests/test_attention_exact.py). Scores q·kᵀ: float32 only where a
+# probe of the layer shows its rounding moves the statistics by at most _FLOAT32_SCORE_TOLERANCE (small
+# scores; on the trained samples, |s| ~ 30, a float32 q·kᵀ alone moves entropies by ~2.6e-6), else float64.
+# exp and the sums over keys run in float32: ~5e-7 at most on the samples (mean_distance: relative).
+_SCORE_DTYPE = "float64"
+_FLOAT32_SCORE_TOLERANCE = 4e-7
+_PROBE_ROWS = 16  # query rows per sequence the probe measures
+_FLOAT32_SCORE_BOUND = 16.0  # scaling · max |q| · max |k| above this: float64 scores, no probe needed
+_SUM_DTYPE = "float32"
+_STATS = ("mass", "entropy", "mean_distance", "sink_mass", "local_mass", "kept_mass", "learned_sink_mass")
 
 
 @dataclass
@@ -326,65 +342,14 @@ class AttentionCapture:
 
         Returns arrays [B, H, T] (query columns): mass (on real keys), entropy, mean_distance, sink_mass,
         local_mass (0 <= i - j < window), kept_mass (local or j < global_tokens), learned_sink_mass.
+        One fused pass over the layer (`_layer_stats`); cached per (layer, window, global_tokens).
         """
         key = (layer, window, global_tokens)
         with self._lock:
             cached = self._cache.get(key)
         if cached is not None:
             return cached
-        import torch
-
-        spec = self.layer(layer)
-        b_n, h_n, t_n, _ = spec.query.shape
-        heads = torch.tensor([spec.kv_head(h) for h in range(h_n)])
-        names = (
-            "mass",
-            "entropy",
-            "mean_distance",
-            "sink_mass",
-            "local_mass",
-            "kept_mass",
-            "learned_sink_mass",
-        )
-        out = {name: np.zeros((b_n, h_n, t_n), dtype=np.float64) for name in names}
-        sinks = None if spec.sinks is None else torch.from_numpy(spec.sinks).float()[:, None]  # [H, 1]
-        for b in range(b_n):
-            off = int(self.offsets[b])
-            q_all = torch.from_numpy(spec.query[b])  # [H, T, D]
-            k_all = torch.from_numpy(spec.key[b])[heads]  # [H, S, D]: GQA heads expanded once per sequence
-            lo_all, hi_all = torch.from_numpy(spec.lo[b]), torch.from_numpy(spec.hi[b])
-            start = 0
-            while start < t_n:
-                # Rows per block so that [H, rows, keys] stays near _BLOCK_ELEMENTS; the keys a block needs
-                # span from its rows' first key to their last (causal rows widen, sliding windows do not).
-                rows = max(1, _BLOCK_ELEMENTS // max(1, h_n * _key_span(lo_all, hi_all, start, start + 1)))
-                stop = min(t_n, start + rows)
-                while stop - start > 1 and h_n * (stop - start) * _key_span(lo_all, hi_all, start, stop) > (
-                    2 * _BLOCK_ELEMENTS
-                ):
-                    stop = start + (stop - start) // 2
-                lo, hi = lo_all[start:stop], hi_all[start:stop]
-                if not bool((hi >= lo).any()):  # padding only: no statistics to compute
-                    start = stop
-                    continue
-                k0 = int(lo[hi >= lo].min())
-                k1 = int(hi.max()) + 1
-                stats = _block_stats(
-                    q_all[:, start:stop],
-                    k_all[:, k0:k1],
-                    lo - k0,
-                    hi - k0,
-                    spec,
-                    sinks,
-                    query_cols=torch.arange(start, stop),
-                    key_cols=torch.arange(k0, k1),
-                    first_col=off,
-                    window=window,
-                    global_tokens=global_tokens,
-                )
-                for name, value in stats.items():
-                    out[name][b, :, start:stop] = value.numpy()
-                start = stop
+        out = _layer_stats(self.layer(layer), self.offsets, window, global_tokens)
         with self._lock:
             self._cache[key] = out
         return out
@@ -578,50 +543,265 @@ def _key_span(lo, hi, start: int, stop: int) -> int:
     return int(hi[real].max()) - int(lo[real].min()) + 1
 
 
-def _block_stats(
-    q, k, lo, hi, spec: AttentionLayer, sinks, *, query_cols, key_cols, first_col, window, global_tokens
-) -> dict:
-    """Statistics of one query block. q [H, R, D], k [H, K, D], lo/hi [R] relative to k; returns [H, R].
+def _blocks(lo: np.ndarray, hi: np.ndarray, heads: int):
+    """Query blocks (start, stop, first key, last key + 1) of one sequence for the streaming pass.
 
-    Works in place on the one [H, R, K] buffer: this pass is the whole cost of summaries on long inputs.
+    A block's keys span from its rows' first allowed key to their last, so rows per block follow the widest
+    row: about half of it (a sliding window of W keys gives blocks of W/2 rows over 1.5 W keys, not rows over
+    all T keys), at most `_MAX_ROWS`, and halved while [heads, rows, keys] exceeds `_BLOCK_ELEMENTS` (one row
+    at least). Blocks of padding rows only are skipped.
+    """
+    real = hi >= lo
+    if not bool(real.any()):
+        return
+    widest = int((hi - lo + 1)[real].max())
+    rows = max(1, min(_MAX_ROWS, widest // _ROWS_DIVISOR))
+    start, t_n = 0, len(lo)
+    while start < t_n:
+        stop = min(t_n, start + rows)
+        while stop - start > 1 and heads * (stop - start) * _key_span(lo, hi, start, stop) > _BLOCK_ELEMENTS:
+            stop = start + (stop - start) // 2
+        block_real = real[start:stop]
+        if bool(block_real.any()):
+            yield (
+                start,
+                stop,
+                int(lo[start:stop][block_real].min()),
+                int(hi[start:stop][block_real].max()) + 1,
+            )
+        start = stop
+
+
+def _dtypes():
+    import torch
+
+    return getattr(torch, _SCORE_DTYPE), getattr(torch, _SUM_DTYPE)
+
+
+def _buffer(pool: dict, name: str, shape: tuple[int, ...], dtype):
+    """A view of `shape` on a scratch buffer reused across blocks (grown when a block needs more): fresh
+    large allocations page-fault on every block, which costs more than the arithmetic."""
+    import torch
+
+    size = math.prod(shape)
+    flat = pool.get(name)
+    if flat is None or flat.numel() < size:
+        flat = pool[name] = torch.empty(size, dtype=dtype)
+    return flat[:size].view(shape)
+
+
+def _block_weights(
+    geometry: dict, lo, hi, start: int, stop: int, k0: int, k1: int, off, window, global_tokens, score_dtype
+) -> dict:
+    """Masks and weights of one block, shared by every block of the same shape relative to its keys (all
+    steady-state blocks of a sliding-window sequence):
+
+    - bias [R, K]: 0 allowed, -inf blocked (None when nothing is blocked); empty [R]: rows without keys
+    - distance [R, K]: i − j where allowed, else 0
+    - local: (first, last, [R, last − first]) the key columns of the band 0 <= i − j < window, 1 where
+      local and allowed; extra: the same for global keys (position < global_tokens) outside the band
+    - pos0 [R]: 1 where position 0 is an allowed key of the row, None when the block does not reach it
     """
     import torch
 
-    scores = torch.matmul(q, k.transpose(1, 2)).mul_(spec.scaling)  # [H, R, K]
-    if spec.softcap is not None:
-        scores.div_(spec.softcap).tanh_().mul_(spec.softcap)
-    rel = torch.arange(k.shape[1])
-    allowed = (rel[None, :] >= lo[:, None]) & (rel[None, :] <= hi[:, None])  # [R, K]
-    # A finite floor instead of -inf: exp() still gives exactly 0 and 0 * floor stays 0 (no NaN in Σ p·s).
-    floor = torch.finfo(scores.dtype).min
-    scores.masked_fill_(~allowed, floor)
-    m = scores.amax(-1)  # [H, R]
-    if sinks is not None:
-        m = torch.maximum(m, sinks.expand_as(m))
-    e = torch.exp(scores - m[..., None])  # masked -> 0
-    weighted = torch.matmul(e.unsqueeze(-2), scores.unsqueeze(-1))[..., 0, 0]  # Σ e·s, [H, R]
-    del scores
-    sink_e = torch.exp(sinks - m) if sinks is not None else torch.zeros_like(m)
-    mass_e = e.sum(-1)
-    z = mass_e + sink_e
-    z = torch.where(z > 0, z, torch.ones_like(z))
-    distance = query_cols[:, None] - key_cols[None, :]  # [R, K] i - j (columns; same as positions)
-    local = ((distance >= 0) & (distance < window)).to(e.dtype)
-    kept = torch.maximum(local, ((key_cols - first_col) < global_tokens).to(e.dtype)[None, :])
-    local_e = torch.einsum("hrk,rk->hr", e, local)
-    kept_e = torch.einsum("hrk,rk->hr", e, kept) if global_tokens > 0 else local_e
-    key_e = torch.matmul(e, key_cols.to(e.dtype))  # Σ e·j
-    dist_e = query_cols.to(e.dtype)[None, :] * mass_e - key_e
-    sink_col = first_col - int(key_cols[0]) if len(key_cols) else -1
-    sink_e_pos0 = e[..., sink_col] if 0 <= sink_col < k.shape[1] else torch.zeros_like(m)
-    mass = mass_e / z
-    entropy = (m + torch.log(z)) * mass - weighted / z
-    return {
-        "mass": mass.double(),
-        "entropy": entropy.double(),
-        "mean_distance": (dist_e / torch.where(mass_e > 0, mass_e, torch.ones_like(mass_e))).double(),
-        "sink_mass": (sink_e_pos0 / z).double(),
-        "local_mass": (local_e / z).double(),
-        "kept_mass": (kept_e / z).double(),
-        "learned_sink_mass": (sink_e / z).double(),
+    rows, keys = stop - start, k1 - k0
+    rel_lo, rel_hi = lo[start:stop] - k0, hi[start:stop] - k0
+    sink_col = off - k0
+    global_end = min(max(sink_col + global_tokens, 0), keys)
+    key = (start - k0, keys, rel_lo.tobytes(), rel_hi.tobytes(), sink_col if 0 <= sink_col < keys else None)
+    key += (global_end, score_dtype)
+    found = geometry.get(key)
+    if found is not None:
+        return found
+    f32 = torch.float32
+    cols = torch.arange(keys, dtype=f32)
+    allowed = (cols >= torch.from_numpy(rel_lo).to(f32)[:, None]) & (
+        cols <= torch.from_numpy(rel_hi).to(f32)[:, None]
+    )
+    distance = (
+        torch.arange(start - k0, stop - k0, dtype=f32)[:, None] - cols
+    )  # i − j (columns = pos + offset)
+    first, last = min(max(start - k0 - window + 1, 0), keys), min(max(stop - k0, 0), keys)
+    band = distance[:, first:last]
+    local = ((band >= 0) & (band < window) & allowed[:, first:last]).to(f32)
+    extra = None
+    if global_end:
+        extra = (
+            allowed[:, :global_end] & ((distance[:, :global_end] < 0) | (distance[:, :global_end] >= window))
+        ).to(f32)
+    empty = rel_hi < rel_lo
+    all_allowed = bool((rel_lo <= 0).all() and (rel_hi >= keys - 1).all())
+    found = {
+        "bias": None
+        if all_allowed
+        else torch.full((rows, keys), -math.inf, dtype=score_dtype).masked_fill_(allowed, 0.0),
+        "empty": torch.from_numpy(empty) if empty.any() else None,
+        "distance": distance.mul_(allowed),
+        "local": (first, last, local),
+        "extra": (0, global_end, extra) if global_end else None,
+        "pos0": allowed[:, sink_col].to(f32) if 0 <= sink_col < keys else None,
     }
+    # Kept for reuse up to 2 · _BLOCK_ELEMENTS cells in all (causal blocks all differ: bounded memory).
+    cells = geometry.get("cells", 0) + rows * keys
+    if cells <= 2 * _BLOCK_ELEMENTS:
+        geometry[key] = found
+        geometry["cells"] = cells
+    return found
+
+
+def _float32_scores_suffice(spec: AttentionLayer) -> bool:
+    """Whether computing this layer's scores q·kᵀ in float32 keeps every statistic within
+    `_FLOAT32_SCORE_TOLERANCE` of a float64 computation, measured on a probe of `_PROBE_ROWS` query rows
+    per sequence spread over it (all heads, all their allowed keys): the first-order change of the
+    statistics under the score errors δs = s32 − s64, with p the float64 map and δ̄ = Σ p δs:
+    total variation Σ p |δs − δ̄| (bounds every mass), Σ p |δs − δ̄| |log p + 1| (entropy) and
+    Σ p |δs − δ̄| |i − j| / mass relative to max(1, mean distance). Large scores (trained models: |s| ~ 30)
+    fail it, small ones (random weights) pass."""
+    import torch
+
+    bound = (
+        spec.scaling
+        * float(torch.linalg.vector_norm(torch.from_numpy(spec.query), dim=-1).max())
+        * float(torch.linalg.vector_norm(torch.from_numpy(spec.key), dim=-1).max())
+    )
+    if bound > _FLOAT32_SCORE_BOUND:  # |s| may reach it (Cauchy-Schwarz): float64 without probing
+        return False
+    b_n, h_n, _, dim = spec.query.shape
+    groups = h_n // spec.num_kv_heads
+    worst = 0.0
+    for b in range(b_n):
+        real = np.flatnonzero(spec.hi[b] >= spec.lo[b])
+        if not len(real):
+            continue
+        rows = real[np.linspace(0, len(real) - 1, min(_PROBE_ROWS, len(real))).astype(np.int64)]
+        lo, hi = spec.lo[b, rows], spec.hi[b, rows]
+        k0, k1 = int(lo.min()), int(hi.max()) + 1
+        q = torch.from_numpy(spec.query[b][:, rows])  # [H, P, D]
+        k = torch.from_numpy(spec.key[b][:, k0:k1])  # [Hkv, K, D]
+        n = len(rows)
+        scores = []
+        for dtype in (torch.float32, torch.float64):
+            s = torch.matmul(
+                (q.to(dtype) * spec.scaling).reshape(-1, groups * n, dim), k.to(dtype).transpose(1, 2)
+            )
+            s = s.reshape(h_n, n, -1).double()
+            if spec.softcap is not None:
+                s = torch.tanh(s / spec.softcap) * spec.softcap
+            scores.append(s)
+        cols = torch.arange(k0, k1)
+        allowed = (cols >= torch.from_numpy(lo)[:, None]) & (cols <= torch.from_numpy(hi)[:, None])
+        logits = scores[1].masked_fill(~allowed, -math.inf)
+        if spec.sinks is not None:
+            sink = torch.from_numpy(spec.sinks).double()[:, None, None].expand(h_n, n, 1)
+            p = torch.softmax(torch.cat([logits, sink], -1), -1)[..., :-1]
+        else:
+            p = torch.softmax(logits, -1)
+        delta = (scores[0] - scores[1]).masked_fill(~allowed, 0.0)
+        change = p * (delta - (p * delta).sum(-1, keepdim=True)).abs()  # |δp| to first order
+        mass = p.sum(-1).clamp_min(1e-300)
+        distance = (torch.from_numpy(rows)[:, None] - cols).abs().double()
+        mean_distance = (p * distance).sum(-1) / mass
+        log_p = torch.log(p.clamp_min(1e-300))
+        bounds = (
+            change.sum(-1),
+            (change * (log_p + 1).abs()).sum(-1),
+            (change * distance).sum(-1) / mass / mean_distance.clamp_min(1.0),
+        )
+        worst = max(worst, *(float(x.max()) for x in bounds))
+    return worst <= _FLOAT32_SCORE_TOLERANCE
+
+
+def _layer_stats(
+    spec: AttentionLayer, offsets: np.ndarray, window: int, global_tokens: int
+) -> dict[str, np.ndarray]:
+    """All per-token statistics of all heads of one softmax layer in one streaming pass (see `_pass`).
+
+    Per query block, all heads at once: the scores [H, R, K] are computed once (one matmul per KV head: the
+    query heads of a group share it, no GQA expansion), shifted by the row maximum and exponentiated into a
+    second buffer e; every statistic is then one multiply-and-sum of e with the shifted scores or with an
+    [R, K] weight (key distance, local band, kept keys; built once per block shape), and the [H, R] sums are
+    combined in float64. Scores are computed and shifted in float32 where `_float32_scores_suffice`, else in
+    `_SCORE_DTYPE`; exp and sums run in `_SUM_DTYPE` (see there for the precision each needs). Shifted
+    scores are clamped at `_EXP_FLOOR` (exp < 2e-35, far below the resolution of a row sum >= 1) so exp
+    never takes its slow underflow path; blocked keys carry -inf before the row maximum and zero weight in
+    every masked sum. Memory: a few [H, R, K] buffers of about `_BLOCK_ELEMENTS` each, never [T, T].
+    """
+    import torch
+
+    score_dtype, sum_dtype = _dtypes()
+    if score_dtype == torch.float64 and _float32_scores_suffice(spec):
+        score_dtype = torch.float32
+    b_n, h_n, t_n, dim = spec.query.shape
+    groups = h_n // spec.num_kv_heads
+    out = np.zeros((len(_STATS), b_n, h_n, t_n), dtype=np.float64)
+    query = torch.from_numpy(spec.query)
+    sinks = None if spec.sinks is None else torch.from_numpy(spec.sinks).to(score_dtype)[:, None, None]
+    pool: dict = {}
+    geometry: dict = {}
+    for b in range(b_n):
+        off = int(offsets[b])
+        lo_b, hi_b = spec.lo[b], spec.hi[b]
+        key = torch.from_numpy(spec.key[b]).to(score_dtype)  # [Hkv, S, D]
+        for start, stop, k0, k1 in _blocks(lo_b, hi_b, h_n):
+            rows, keys = stop - start, k1 - k0
+            w = _block_weights(
+                geometry, lo_b, hi_b, start, stop, k0, k1, off, window, global_tokens, score_dtype
+            )
+            q = _buffer(pool, "q", (h_n, rows, dim), score_dtype)
+            q.copy_(query[b, :, start:stop]).mul_(spec.scaling)
+            s = _buffer(pool, "s", (h_n, rows, keys), score_dtype)
+            torch.matmul(
+                q.view(-1, groups * rows, dim),
+                key[:, k0:k1].transpose(1, 2),
+                out=s.view(-1, groups * rows, keys),
+            )
+            if spec.softcap is not None:
+                s.div_(spec.softcap).tanh_().mul_(spec.softcap)
+            if w["bias"] is not None:
+                s.add_(w["bias"])
+            m = s.amax(-1, keepdim=True)  # [H, R, 1]
+            if sinks is not None:
+                m = torch.maximum(m, sinks)
+            if w["empty"] is not None:
+                m.masked_fill_(w["empty"][None, :, None], 0.0)
+            s.sub_(m).clamp_min_(_EXP_FLOOR)
+            if sum_dtype != score_dtype:
+                s = _buffer(pool, "s_low", (h_n, rows, keys), sum_dtype).copy_(s)
+            e = _buffer(pool, "e", (h_n, rows, keys), sum_dtype)
+            torch.exp(s, out=e)
+            tmp = _buffer(pool, "t", (h_n, rows, keys), sum_dtype)
+            sums = [
+                e.sum(-1),  # Σ e
+                torch.mul(e, s, out=tmp).sum(-1),  # Σ e·(s − m)
+                torch.mul(e, w["distance"], out=tmp).sum(-1),  # Σ e·(i − j)
+            ]
+            for part in ("local", "extra"):  # Σ e over the local band, and over global keys outside it
+                if w[part] is None:
+                    sums.append(torch.zeros_like(sums[0]))
+                    continue
+                first, last, weight = w[part]
+                band = _buffer(pool, "t", (h_n, rows, last - first), sum_dtype)
+                sums.append(torch.mul(e[:, :, first:last], weight, out=band).sum(-1))
+            sums.append(e[:, :, off - k0] * w["pos0"] if w["pos0"] is not None else torch.zeros_like(sums[0]))
+            stacked = torch.stack(sums).double()  # [n, H, R]
+            mass_e, ent_e, dist_e, local_e, extra_e, pos0_e = stacked
+            kept_e = local_e + extra_e
+            sink_e = torch.exp(sinks[:, :, 0].double() - m[..., 0].double()) if sinks is not None else None
+            z = mass_e if sink_e is None else mass_e + sink_e  # >= 1 on rows with keys
+            z = torch.where(z > 0, z, 1.0)
+            mass = mass_e / z
+            block = torch.stack(
+                [
+                    mass,
+                    torch.log(z) * mass - ent_e / z,
+                    dist_e / torch.where(mass_e > 0, mass_e, 1.0),
+                    pos0_e / z,
+                    local_e / z,
+                    kept_e / z,
+                    torch.zeros_like(z) if sink_e is None else sink_e / z,
+                ]
+            )
+            if w["empty"] is not None:
+                block.masked_fill_(w["empty"][None, None, :], 0.0)
+            out[:, b, :, start:stop] = block.numpy()
+    return dict(zip(_STATS, out, strict=True))

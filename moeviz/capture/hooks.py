@@ -50,7 +50,9 @@ def _experts_hook(index: int):
     def hook(module: nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         recorder = getattr(_active, "recorder", None)
         if recorder is not None:
-            recorder.expert_args[index].append(args)
+            # the decision only: keeping the hidden states (args[0]) alive until the capture ends would
+            # keep the allocator from reusing their memory (a page-faulting fresh allocation per layer)
+            recorder.expert_args[index].append((None, *args[1:]) if args else args)
 
     return hook
 

@@ -26,8 +26,8 @@ from moeviz.models.decoding import (
 from moeviz.models.loading import LoadedModel
 from moeviz.models.placement import refuse_if_input_too_large
 from moeviz.models.sites import MoESite
-from moeviz.scoring import scores_from_logits, selection_scores
-from moeviz.trace import TOKEN_COLUMNS, LayerRouting, ModelInfo, Trace
+from moeviz.scoring import scores_from_logits
+from moeviz.trace import TOKEN_COLUMNS, LayerRouting, LazyTokens, ModelInfo, Trace
 
 # A generous upper bound on the mean characters per token, to refuse a text too long for the context by
 # its size alone, before tokenising it. Tokenizers average ~3–5 characters per token on prose and code;
@@ -53,7 +53,7 @@ class _Stream:
     ids: np.ndarray  # [B, L]
     valid: np.ndarray  # [B, L] bool
     positions: np.ndarray  # [B, L] position within the sequence, padding excluded
-    phase: np.ndarray  # [B, L] "prompt" | "generated"
+    generated: np.ndarray  # [B, L] bool: phase "generated" (else "prompt")
     step: np.ndarray  # [B, L] generation step whose forward routed the token
     calls: list[slice]
     predicted: np.ndarray  # [B, L] the model's argmax next token at this position; -1 = not computed
@@ -101,7 +101,12 @@ def capture(
         stack.enter_context(torch.inference_mode())
         streams = _run(loaded, batch, generate)
     tokens, row_grids = _token_table(loaded, streams)
-    layers = [_decode_site(site, i, recorder, streams, row_grids) for i, site in enumerate(loaded.sites)]
+    calls: dict[str, list[tuple[np.ndarray, np.ndarray | None]]] = {}  # per stream: rows, keep of each call
+    decided = _decisions_across_layers(loaded.sites, recorder)
+    layers = [
+        _decode_site(site, i, recorder, streams, row_grids, calls, decided.get(i))
+        for i, site in enumerate(loaded.sites)
+    ]
     message = routing_warning(layers)
     if message is not None:
         warnings.warn(message, RoutingWarning, stacklevel=2)
@@ -160,14 +165,27 @@ def token_batch(loaded: LoadedModel, texts, token_ids) -> list[list[int]]:
         batch = [list(loaded.tokenizer(t)["input_ids"]) for t in texts]
     else:
         batch = [list(token_ids)] if token_ids and isinstance(token_ids[0], (int, np.integer)) else token_ids
-        batch = [[int(i) for i in seq] for seq in batch]
+        batch = [_int_list(seq) for seq in batch]
     if not batch or any(len(seq) == 0 for seq in batch):
         raise InputError("empty input: every sequence needs at least one token")
     vocab = int(loaded.model.config.get_text_config().vocab_size)
-    bad = sorted({i for seq in batch for i in seq if not 0 <= i < vocab})
-    if bad:
+    try:  # vectorised check; the message lists the offenders, found the slow way
+        flat = np.fromiter(itertools.chain.from_iterable(batch), dtype=np.int64, count=sum(map(len, batch)))
+        in_range = bool(flat.min() >= 0 and flat.max() < vocab)
+    except OverflowError:  # an id beyond int64
+        in_range = False
+    if not in_range:
+        bad = sorted({i for seq in batch for i in seq if not 0 <= i < vocab})
         raise InputError(f"token ids out of range [0, {vocab}): {bad[:10]}")
     return batch
+
+
+def _int_list(seq) -> list[int]:
+    """A sequence of ids as Python ints: through numpy for integer input (a C loop), else one by one."""
+    array = np.asarray(seq)
+    if array.ndim == 1 and array.dtype.kind in "iu":
+        return array.tolist()
+    return [int(i) for i in seq]
 
 
 def _refuse_by_size(loaded: LoadedModel, texts: list[str]) -> None:
@@ -264,7 +282,7 @@ def _run(loaded: LoadedModel, batch: list[list[int]], generate: int) -> dict[str
         gen_valid = _alive(sequences[:, 1:], eos)
         dec_valid = np.concatenate([np.ones((len(batch), 1), bool), gen_valid], axis=1)
         decoder = _stream("decoder", sequences, dec_valid, [slice(s, s + 1) for s in range(n_new)])
-        decoder.phase[:, 1:] = "generated"
+        decoder.generated[:, 1:] = True
         decoder.step[:] = np.arange(sequences.shape[1])[None, :]
         decoder.predicted[:, :-1] = sequences[:, 1:]  # greedy: the next token is the model's argmax
         return {"input": _stream("input", ids, mask, [slice(0, width)]), "decoder": decoder}
@@ -272,7 +290,7 @@ def _run(loaded: LoadedModel, batch: list[list[int]], generate: int) -> dict[str
     full_valid = np.concatenate([mask, _alive(sequences[:, width:], eos)], axis=1)
     calls = [slice(0, width)] + [slice(width + s - 1, width + s) for s in range(1, n_new)]
     stream = _stream("input", sequences, full_valid, calls)
-    stream.phase[:, width:] = "generated"
+    stream.generated[:, width:] = True
     stream.step[:, width:] = np.arange(1, n_new + 1)[None, :]
     # Greedy decoding: from the last prompt position on, the next token is the model's argmax.
     stream.predicted[:, width - 1 : -1] = sequences[:, width:]
@@ -309,7 +327,7 @@ def _stream(name: str, ids: np.ndarray, valid: np.ndarray, calls: list[slice]) -
         ids=ids,
         valid=valid,
         positions=positions,
-        phase=np.full(ids.shape, "prompt", dtype=object),
+        generated=np.zeros(ids.shape, dtype=bool),
         step=np.zeros(ids.shape, dtype=np.int64),
         calls=calls,
         predicted=np.full(ids.shape, -1, dtype=np.int64),
@@ -326,31 +344,45 @@ def _argmax(logits: torch.Tensor) -> np.ndarray:
 # ---- tokens ---------------------------------------------------------------------------------------------
 def _token_table(
     loaded: LoadedModel, streams: dict[str, _Stream]
-) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
-    """Token table (valid cells of every stream) and, per stream, a [B, L] grid of table rows (-1 = none)."""
-    columns: dict[str, list[np.ndarray]] = {c: [] for c in TOKEN_COLUMNS}
-    grids, offset = {}, 0
+) -> tuple[LazyTokens, dict[str, np.ndarray]]:
+    """Token table (valid cells of every stream), built on first use (`LazyTokens`: the token strings are
+    decoded then), and, per stream, a [B, L] grid of table rows (-1 = none), built now."""
+    grids, cells, offset = {}, [], 0
     for stream in streams.values():
-        b_idx, cols = np.nonzero(stream.valid)
-        grid = np.full(stream.ids.shape, -1, dtype=np.int64)
-        grid[b_idx, cols] = offset + np.arange(len(b_idx))
+        if stream.valid.all():  # no padding: the table rows are the cells in row-major order
+            b_idx, cols = np.divmod(np.arange(stream.valid.size), stream.valid.shape[1])
+            grid = np.arange(offset, offset + stream.valid.size, dtype=np.int64).reshape(stream.valid.shape)
+        else:
+            b_idx, cols = np.nonzero(stream.valid)
+            grid = np.full(stream.ids.shape, -1, dtype=np.int64)
+            grid[b_idx, cols] = offset + np.arange(len(b_idx))
         grids[stream.name] = grid
+        cells.append((stream, b_idx, cols))
         offset += len(b_idx)
-        columns["seq"].append(b_idx.astype(np.int64))
-        columns["pos"].append(stream.positions[b_idx, cols].astype(np.int64))
-        columns["stream"].append(np.full(len(b_idx), stream.name, dtype=object))
-        columns["token_id"].append(stream.ids[b_idx, cols])
-        columns["phase"].append(stream.phase[b_idx, cols])
-        columns["step"].append(stream.step[b_idx, cols])
-        columns["predicted_id"].append(stream.predicted[b_idx, cols])
-    table = {name: np.concatenate(parts) for name, parts in columns.items() if name != "token"}
-    table["token"] = _token_strings(loaded, table["token_id"])
-    return pd.DataFrame({name: table[name] for name in TOKEN_COLUMNS}), grids
+    decode = loaded.token_decoder()  # not `loaded`: an unread token table must not keep the model alive
+
+    def build() -> pd.DataFrame:
+        columns: dict[str, list[np.ndarray]] = {c: [] for c in TOKEN_COLUMNS if c != "token"}
+        for stream, b_idx, cols in cells:
+            columns["seq"].append(b_idx.astype(np.int64))
+            columns["pos"].append(stream.positions[b_idx, cols].astype(np.int64))
+            columns["stream"].append(np.full(len(b_idx), stream.name, dtype=object))
+            columns["token_id"].append(stream.ids[b_idx, cols])
+            columns["phase"].append(
+                np.where(stream.generated[b_idx, cols], "generated", "prompt").astype(object)
+            )
+            columns["step"].append(stream.step[b_idx, cols])
+            columns["predicted_id"].append(stream.predicted[b_idx, cols])
+        table = {name: np.concatenate(parts) for name, parts in columns.items()}
+        table["token"] = _token_strings(decode, table["token_id"])
+        return pd.DataFrame({name: table[name] for name in TOKEN_COLUMNS})
+
+    return LazyTokens(build), grids
 
 
-def _token_strings(loaded: LoadedModel, ids: np.ndarray) -> np.ndarray:
+def _token_strings(decode: Callable[[list[int]], list[str]], ids: np.ndarray) -> np.ndarray:
     unique, inverse = np.unique(ids, return_inverse=True)
-    return np.asarray(loaded.token_texts(unique.tolist()), dtype=object)[inverse]
+    return np.asarray(decode(unique.tolist()), dtype=object)[inverse]
 
 
 # ---- decoding -------------------------------------------------------------------------------------------
@@ -360,6 +392,8 @@ def _decode_site(
     recorder: Recorder,
     streams: dict[str, _Stream],
     row_grids: dict[str, np.ndarray],
+    calls: dict[str, list[tuple[np.ndarray, np.ndarray | None]]],
+    decided: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> LayerRouting:
     outputs, args = recorder.router_outputs[index], recorder.expert_args[index]
     stream = streams[site.stream]
@@ -378,38 +412,45 @@ def _decode_site(
             f"layer {site.layer} ({site.name}): the experts hook fired {len(args)} times for {len(outputs)} "
             "router calls; the dispatch could not be observed"
         )
-    grid = row_grids[site.stream]
+    per_call = calls.get(site.stream)
+    if per_call is None:  # the table rows each router call saw, shared by every site of the stream
+        grid = row_grids[site.stream]
+        per_call = calls[site.stream] = []
+        for cols in stream.calls:
+            rows = grid[:, cols].reshape(-1)
+            keep = rows >= 0
+            per_call.append((rows, None if keep.all() else keep))
     logits_parts, expert_parts, weight_parts, row_parts = [], [], [], []
     source = "dispatch" if site.needs_expert_args else "router_output"
-    for call, (cols, output) in enumerate(zip(stream.calls, outputs, strict=True)):
+    for call, ((rows, keep), output) in enumerate(zip(per_call, outputs, strict=True)):
         logits = _logits(site, output)
-        call_args = args[call] if call < len(args) else ()
-        experts, weights, source = _decision(site, output, call_args, logits)
-        rows = grid[:, cols].reshape(-1)
+        if decided is not None:  # one call, decoded with the other layers (`_decisions_across_layers`)
+            (experts, weights), source = decided, "dispatch"
+        else:
+            call_args = args[call] if call < len(args) else ()
+            experts, weights, source = _decision(site, output, call_args, logits)
         if len(rows) != logits.shape[0]:
             raise CaptureError(
                 f"layer {site.layer} ({site.name}): router saw {logits.shape[0]} tokens, expected {len(rows)}"
             )
-        keep = rows >= 0
-        logits_parts.append(logits[keep])
-        expert_parts.append(experts[keep])
-        weight_parts.append(weights[keep])
-        row_parts.append(rows[keep])
-    logits = np.concatenate(logits_parts)
+        if keep is not None:
+            logits, experts, weights, rows = logits[keep], experts[keep], weights[keep], rows[keep]
+        logits_parts.append(logits)
+        expert_parts.append(experts)
+        weight_parts.append(weights)
+        row_parts.append(rows)
+    logits = _join(logits_parts)
     bias = None if site.bias is None else site.bias.detach().float().reshape(-1).cpu().numpy()
     score_fn = (
         site.score_fn if site.decoder != "auto" else _infer_score_fn(logits, expert_parts, weight_parts)
     )
-    scores = scores_from_logits(logits, score_fn)
     return LayerRouting(
         layer=site.layer,
         site=site.site,
-        token_rows=np.concatenate(row_parts),
+        token_rows=_join(row_parts),
         logits=logits,
-        scores=scores,
-        selection_scores=selection_scores(scores, bias),
-        experts=np.concatenate(expert_parts),
-        weights=np.concatenate(weight_parts),
+        experts=_join(expert_parts),
+        weights=_join(weight_parts),
         score_fn=score_fn,
         bias=bias,
         decision_source=source,
@@ -423,6 +464,45 @@ def _decode_site(
     )
 
 
+def _decisions_across_layers(
+    sites: list[MoESite], recorder: Recorder
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """The dispatch (experts [N, k], weights [N, k]) of every site decoded by `from_expert_args` that ran
+    once (one forward), for all such layers at once: their [N, k] index and weight tensors stacked per
+    shape into one [L, N, k] array each (one conversion and one order check for all layers; only a layer
+    whose slots are not in order is sorted). Sites left out are decoded one by one in `_decode_site`."""
+    groups: dict[tuple, list[int]] = {}
+    for i, site in enumerate(sites):
+        args = recorder.expert_args[i]
+        if site.decoder != "expert_args" or len(args) != 1 or len(recorder.router_outputs[i]) != 1:
+            continue
+        if len(args[0]) < 3 or not (torch.is_tensor(args[0][1]) and torch.is_tensor(args[0][2])):
+            continue
+        idx, w = args[0][1], args[0][2]
+        groups.setdefault((tuple(idx.shape), tuple(w.shape), idx.dtype, w.dtype, idx.device), []).append(i)
+    decided = {}
+    for members in groups.values():
+        k = recorder.expert_args[members[0]][0][1].shape[-1]
+        idx = torch.stack([recorder.expert_args[i][0][1].reshape(-1, k) for i in members])
+        w = torch.stack([recorder.expert_args[i][0][2].reshape(-1, k) for i in members])
+        experts = idx.cpu().numpy().astype(np.int64, copy=False)  # [L, N, k]
+        weights = w.detach().float().cpu().numpy()
+        if k > 1:
+            ordered = (weights[:, :, :-1] > weights[:, :, 1:]).all(axis=(1, 2)) & (experts >= 0).all(
+                axis=(1, 2)
+            )
+        else:
+            ordered = np.ones(len(members), dtype=bool)
+        for j, i in enumerate(members):
+            decided[i] = (experts[j], weights[j]) if ordered[j] else sort_slots_np(experts[j], weights[j])
+    return decided
+
+
+def _join(parts: list[np.ndarray]) -> np.ndarray:
+    """The parts one after the other; a single part as it is (no copy)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
 def _logits(site: MoESite, output) -> np.ndarray:
     """Raw router logits [N, E] as fp32 numpy."""
     tensor = site.router_logits(output)
@@ -434,6 +514,11 @@ def _logits(site: MoESite, output) -> np.ndarray:
 
 
 def _decision(site: MoESite, output, args, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
+    if site.decoder == "expert_args":  # most families: `from_expert_args`, in numpy (torch's per-op cost
+        idx, w = args[1], args[2]  # dominates on [N, k] arrays)
+        experts = idx.reshape(-1, idx.shape[-1]).cpu().numpy().astype(np.int64, copy=False)
+        weights = w.reshape(-1, w.shape[-1]).detach().float().cpu().numpy()
+        return (*sort_slots_np(experts, weights), "dispatch")
     if site.decoder != "auto":
         experts, weights = DECODERS[site.decoder](output, args)
         source = "dispatch" if site.needs_expert_args else "router_output"
@@ -446,6 +531,17 @@ def _decision(site: MoESite, output, args, logits: np.ndarray) -> tuple[np.ndarr
             decode = recompute_softmax_topk(site.top_k or 2)
             (experts, weights), source = decode(torch.from_numpy(logits)), "recomputed"
     return experts.cpu().numpy(), weights.detach().float().cpu().numpy(), source
+
+
+def sort_slots_np(experts: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`moeviz.models.decoding.sort_slots` in numpy, with the same result: slots by descending weight,
+    dropped slots (-1) last, ties by expert id; arrays already in that order are returned as they are."""
+    if experts.shape[1] == 1:
+        return experts, weights
+    if (weights[:, :-1] > weights[:, 1:]).all() and (experts >= 0).all():
+        return experts, weights
+    order = np.lexsort((experts, -weights, experts < 0), axis=-1)  # exact: last key first
+    return np.take_along_axis(experts, order, axis=1), np.take_along_axis(weights, order, axis=1)
 
 
 def _infer_score_fn(logits: np.ndarray, experts: list[np.ndarray], weights: list[np.ndarray]) -> str:

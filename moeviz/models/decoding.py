@@ -24,10 +24,11 @@ def sort_slots(experts: torch.Tensor, weights: torch.Tensor) -> Decision:
         return experts, weights
     if bool((weights[:, :-1] > weights[:, 1:]).all()) and bool((experts >= 0).all()):
         return experts, weights  # already in order (top-k output usually is): skip the sort
-    # Lexicographic sort key: dropped last, then larger weight, then smaller expert id.
-    dropped = (experts < 0).float()
-    key = dropped * 1e9 - weights.double() * 1e6 + experts.double() * 1e-9
-    order = torch.argsort(key, dim=1, stable=True)
+    # Lexicographic and exact (no packed float key): stable sorts from the least significant key up —
+    # smaller expert id, then larger weight, then dropped last.
+    order = torch.argsort(experts, dim=1, stable=True)
+    for key in (-weights, (experts < 0).to(torch.int8)):
+        order = order.gather(1, torch.argsort(key.gather(1, order), dim=1, stable=True))
     return experts.gather(1, order), weights.gather(1, order)
 
 

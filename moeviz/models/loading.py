@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -100,21 +101,29 @@ class LoadedModel:
 
     def token_texts(self, ids: list[int]) -> list[str]:
         """Each id decoded on its own (what a token strip shows); cached, as captures repeat tokens."""
-        cache = self._token_text_cache
-        missing = [i for i in ids if i not in cache]
-        if missing:
-            if self.tokenizer is None:
-                texts = [f"⟨{i}⟩" for i in missing]
-            else:
-                backend = getattr(self.tokenizer, "backend_tokenizer", None)
-                singles = [[i] for i in missing]
-                texts = (
-                    backend.decode_batch(singles, skip_special_tokens=False)
-                    if backend is not None
-                    else self.tokenizer.batch_decode(singles, clean_up_tokenization_spaces=False)
-                )
-            cache.update(zip(missing, texts, strict=True))  # dict updates are atomic under the GIL
-        return [cache[i] for i in ids]
+        return decode_each(self.tokenizer, self._token_text_cache, ids)
+
+    def token_decoder(self) -> Callable[[list[int]], list[str]]:
+        """`token_texts` holding only the tokenizer and the cache, not the model (for lazy token tables)."""
+        return functools.partial(decode_each, self.tokenizer, self._token_text_cache)
+
+
+def decode_each(tokenizer, cache: dict[int, str], ids: list[int]) -> list[str]:
+    """Each id decoded on its own through `cache` ("⟨id⟩" without a tokenizer)."""
+    missing = [i for i in ids if i not in cache]
+    if missing:
+        if tokenizer is None:
+            texts = [f"⟨{i}⟩" for i in missing]
+        else:
+            backend = getattr(tokenizer, "backend_tokenizer", None)
+            singles = [[i] for i in missing]
+            texts = (
+                backend.decode_batch(singles, skip_special_tokens=False)
+                if backend is not None
+                else tokenizer.batch_decode(singles, clean_up_tokenization_spaces=False)
+            )
+        cache.update(zip(missing, texts, strict=True))  # dict updates are atomic under the GIL
+    return [cache[i] for i in ids]
 
 
 def resolve_source(source: str | Path) -> Path:

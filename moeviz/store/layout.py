@@ -293,13 +293,15 @@ def run_lock(folder: Path) -> Iterator[RunLock]:
         lock.release()
 
 
-def append_manifest(path: Path, entry: dict[str, Any]) -> None:
-    """Append one completed batch (one `write` of one line with O_APPEND; fsynced)."""
+def append_manifest(path: Path, entry: dict[str, Any], *, check_tail: bool = True) -> None:
+    """Append one completed batch (one `write` of one line with O_APPEND; fsynced).
+
+    `check_tail`: first make sure the file ends with a newline (a torn line left by a kill must not glue
+    onto this one); a writer that appended the last line itself (under the run lock) may skip the look."""
     data = (json.dumps(entry, sort_keys=True) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        # a torn line left by a kill must not glue onto this one
-        if os.fstat(fd).st_size and not _ends_with_newline(path):
+        if check_tail and os.fstat(fd).st_size and not _ends_with_newline(path):
             data = b"\n" + data
         os.write(fd, data)
         os.fsync(fd)

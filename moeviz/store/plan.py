@@ -13,6 +13,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -32,11 +33,11 @@ class Batch:
     docs: list[int]
     domains: list[str]
 
-    @property
+    @cached_property
     def num_tokens(self) -> int:
         return sum(len(s) for s in self.token_ids)
 
-    @property
+    @cached_property
     def token_hash(self) -> str:
         return token_hash(self.token_ids)
 

@@ -60,17 +60,39 @@ def store_schema(confidence: bool = False) -> pa.Schema:
     return pa.schema(fields, metadata={b"moeviz.store": SCHEMA_TAG.encode()})
 
 
-def _constant(value: str, n: int) -> pa.DictionaryArray:
-    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value]))
+def _dictionary(codes: np.ndarray, values: Sequence[str]) -> pa.DictionaryArray:
+    return pa.DictionaryArray.from_arrays(
+        pa.array(codes, type=pa.int32()), pa.array(list(values), pa.string())
+    )
 
 
-def _rank0_only(values: np.ndarray, k: int) -> pa.Array:
-    """[N] per-token values → [N·k] with the value on the rank-0 row and null on the others."""
-    out = np.zeros(len(values) * k, np.float32)
-    out[::k] = values
+def _rank0_only(values: np.ndarray, k: np.ndarray) -> pa.Array:
+    """[N] per-token values → [Σ k] with the value on each token's rank-0 row and null on the others
+    (`k` [N]: slots of each token's layer)."""
+    out = np.zeros(int(k.sum()), np.float32)
+    first = np.cumsum(k) - k
+    out[first] = values
     mask = np.ones(len(out), bool)
-    mask[::k] = False
+    mask[first] = False
     return pa.array(out, type=pa.float32(), mask=mask)
+
+
+def input_token_columns(
+    token_ids: Sequence[Sequence[int]], layers: Sequence
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(seq, pos, token_id) of every row of the token table of a one-forward capture on `token_ids`, without
+    building that table: the input stream's tokens in sequence order, each sequence's from position 0 (what
+    `capture` records for token ids: right padding, padding excluded). None when `layers` route anything but
+    the input stream (an encoder-decoder's decoder): then the token table is the reference."""
+    lengths = np.fromiter((len(seq) for seq in token_ids), np.int64, len(token_ids))
+    total = int(lengths.sum())
+    if any(r.site != "mlp" or (len(r.token_rows) and int(r.token_rows.max()) >= total) for r in layers):
+        return None
+    seq = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    starts = np.cumsum(lengths) - lengths
+    pos = (np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)).astype(np.int32)
+    ids = np.fromiter((i for s in token_ids for i in s), np.int32, total)
+    return seq, pos, ids
 
 
 def trace_table(
@@ -83,49 +105,77 @@ def trace_table(
     seq_docs: Sequence[int],
     seq_domains: Sequence[str],
     confidence: bool = False,
+    token_ids: Sequence[Sequence[int]] | None = None,
 ) -> pa.Table:
     """Rows of one captured batch. `seq_docs[i]` / `seq_domains[i]`: document and domain of the batch's
-    sequence i (trace seq i); rows are numbered seq_offset + i. Output: Σ_layers N_ℓ·k_ℓ rows."""
-    tokens = trace.tokens
-    t_seq = tokens["seq"].to_numpy().astype(np.int64)
-    t_pos = tokens["pos"].to_numpy().astype(np.int32)
-    t_id = tokens["token_id"].to_numpy().astype(np.int32)
+    sequence i (trace seq i); rows are numbered seq_offset + i. Output: Σ_layers N_ℓ·k_ℓ rows, layer by
+    layer, each token's k rows by rank; one chunk per column, built from numpy for all layers at once.
+
+    `token_ids`: the ids the trace was captured on (`capture(loaded, token_ids=...)`, no generation). Given,
+    the rows' seq, pos and token_id come from them (`input_token_columns`) instead of `trace.tokens`, whose
+    token strings the store does not keep."""
+    schema = store_schema(confidence)
+    layers = trace.layers
+    if not layers:
+        return schema.empty_table()
+    columns_of = input_token_columns(token_ids, layers) if token_ids is not None else None
+    if columns_of is None:
+        tokens = trace.tokens
+        columns_of = (
+            tokens["seq"].to_numpy().astype(np.int64, copy=False),
+            tokens["pos"].to_numpy().astype(np.int32),
+            tokens["token_id"].to_numpy().astype(np.int32),
+        )
+    t_seq, t_pos, t_id = columns_of
     domain_names, domain_codes = np.unique(np.asarray(seq_domains, dtype=object), return_inverse=True)
     docs = np.asarray(seq_docs, dtype=np.int32)
-    parts = []
-    for routing in trace.layers:
+    sites = list(dict.fromkeys(r.site for r in layers))
+    rows, ranks, experts, weights, scores, lse = [], [], [], [], [], []
+    layer_col, site_col, token_k = [], [], []
+    entropy, margin = [], []
+    for routing in layers:
         n, k = routing.experts.shape
-        rows = np.repeat(routing.token_rows, k)
-        experts = routing.experts.reshape(-1)
-        valid = experts >= 0
-        picked = routing.scores[np.repeat(np.arange(n), k), np.where(valid, experts, 0)]
-        seqs = t_seq[rows]
-        columns = {
-            "model": _constant(model, n * k),
-            "checkpoint": _constant(checkpoint, n * k),
-            "batch": pa.array(np.full(n * k, batch, np.int32)),
-            "doc": pa.array(docs[seqs]),
-            "domain": pa.DictionaryArray.from_arrays(
-                pa.array(domain_codes[seqs].astype(np.int32)), pa.array(domain_names.astype(str))
-            ),
-            "seq": pa.array(seqs + seq_offset),
-            "pos": pa.array(t_pos[rows]),
-            "token_id": pa.array(t_id[rows]),
-            "layer": pa.array(np.full(n * k, routing.layer, np.int16)),
-            "site": _constant(routing.site, n * k),
-            "rank": pa.array(np.tile(np.arange(k, dtype=np.int8), n)),
-            "expert": pa.array(experts.astype(np.int16)),
-            "weight": pa.array(routing.weights.reshape(-1).astype(np.float32)),
-            "score": pa.array(np.where(valid, picked, np.nan).astype(np.float32)),
-            "lse": _rank0_only(logsumexp_rows(routing.logits), k),
-        }
+        picked_experts = routing.experts.astype(np.int16)
+        valid = picked_experts >= 0
+        picked = np.take_along_axis(routing.scores, np.where(valid, picked_experts, 0).astype(np.intp), 1)
+        rows.append(np.repeat(routing.token_rows, k))
+        ranks.append(np.tile(np.arange(k, dtype=np.int8), n))
+        experts.append(picked_experts.reshape(-1))
+        weights.append(routing.weights.astype(np.float32, copy=False).reshape(-1))
+        scores.append(np.where(valid, picked, np.nan).astype(np.float32).reshape(-1))
+        lse.append(logsumexp_rows(routing.logits))
+        layer_col.append(np.full(n * k, routing.layer, np.int16))
+        site_col.append(np.full(n * k, sites.index(routing.site), np.int32))
+        token_k.append(np.full(n, k, np.int64))
         if confidence:
             from moeviz.analysis.confidence import layer_confidence
 
             conf = layer_confidence(routing)
-            columns["entropy"] = _rank0_only(conf.entropy, k)
-            columns["margin"] = _rank0_only(conf.margin, k)
-        parts.append(pa.Table.from_pydict(columns, schema=store_schema(confidence)))
-    if not parts:
-        return store_schema(confidence).empty_table()
-    return pa.concat_tables(parts, promote_options="permissive").combine_chunks()
+            entropy.append(conf.entropy)
+            margin.append(conf.margin)
+    row = np.concatenate(rows)
+    token_k_all = np.concatenate(token_k)
+    seqs = t_seq[row]
+    total = len(row)
+    zeros = np.zeros(total, np.int32)
+    columns = [
+        _dictionary(zeros, [model]),
+        _dictionary(zeros, [checkpoint]),
+        pa.array(np.full(total, batch, np.int32)),
+        pa.array(docs[seqs]),
+        _dictionary(domain_codes[seqs].astype(np.int32), domain_names.astype(str)),
+        pa.array(seqs + seq_offset),
+        pa.array(t_pos[row]),
+        pa.array(t_id[row]),
+        pa.array(np.concatenate(layer_col)),
+        _dictionary(np.concatenate(site_col), sites),
+        pa.array(np.concatenate(ranks)),
+        pa.array(np.concatenate(experts)),
+        pa.array(np.concatenate(weights)),
+        pa.array(np.concatenate(scores)),
+        _rank0_only(np.concatenate(lse), token_k_all),
+    ]
+    if confidence:
+        columns.append(_rank0_only(np.concatenate(entropy).astype(np.float32), token_k_all))
+        columns.append(_rank0_only(np.concatenate(margin).astype(np.float32), token_k_all))
+    return pa.Table.from_arrays(columns, schema=schema)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from moeviz.scoring import scores_from_logits, selection_scores
 from moeviz.trace import TOKEN_COLUMNS, LayerRouting, ModelInfo, Trace
 
 # (experts, k, n_group, topk_group, blocks, first dense blocks)
@@ -57,9 +58,9 @@ def synthetic_trace(
         logits = (rng.normal(size=(num_tokens, num_experts)) + skew * rng.normal(size=num_experts)).astype(
             np.float32
         )
-        scores = (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
+        scores = scores_from_logits(logits, "sigmoid")  # what the LayerRouting derives from the logits
         bias = (0.05 * rng.normal(size=num_experts)).astype(np.float32)
-        selection = scores + bias
+        selection = selection_scores(scores, bias)
         experts = grouped_topk(selection, k, n_group, topk_group)
         weights = np.take_along_axis(scores, experts, axis=1)
         weights = (weights / weights.sum(axis=1, keepdims=True) * 2.5).astype(np.float32)
@@ -70,8 +71,6 @@ def synthetic_trace(
                 site="mlp",
                 token_rows=np.arange(num_tokens),
                 logits=logits,
-                scores=scores,
-                selection_scores=selection,
                 experts=np.take_along_axis(experts, order, axis=1).astype(np.int64),
                 weights=np.take_along_axis(weights, order, axis=1),
                 score_fn="sigmoid",

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from moeviz.analysis.confidence import eligible_experts
+from moeviz.analysis.confidence import eligible_by_groups
 from moeviz.analysis.losses import top_k_indices
 from moeviz.capture.routing import capture, token_batch
 from moeviz.errors import InputError
@@ -65,22 +65,10 @@ def predict_experts(site: MoESite, routing: LayerRouting, hidden: torch.Tensor) 
     with torch.inference_mode():
         logits = site.router_logits(site.router(hidden))
         selection = site.router_scores(logits.float(), selection=True).cpu().numpy()
-    probe = LayerRouting(
-        layer=routing.layer,
-        site=routing.site,
-        token_rows=np.arange(len(selection)),
-        logits=selection,
-        scores=selection,
-        selection_scores=selection,
-        experts=np.zeros((len(selection), routing.k), dtype=np.int64),
-        weights=np.zeros((len(selection), routing.k), dtype=np.float32),
-        score_fn=routing.score_fn,
-        n_group=routing.n_group,
-        topk_group=routing.topk_group,
-        group_score=routing.group_score,
-    )
-    eligible = eligible_experts(probe)
-    if eligible is not None:
+    n_group, topk_group = routing.n_group, routing.topk_group
+    grouped = bool(n_group and topk_group and n_group > 1 and topk_group < n_group)
+    if grouped and selection.shape[1] % n_group == 0:
+        eligible = eligible_by_groups(selection, n_group, topk_group, routing.group_score)
         selection = np.where(eligible, selection, -np.inf)
     return top_k_indices(selection, routing.k, ordered=False)
 
