@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -274,3 +275,53 @@ def test_mask_intervals_from_masks():
     holes[5, 2] = False
     with pytest.raises(ValueError, match="contiguous"):
         mask_intervals(holes[None, None], 1, t, t, causal_if_none=False)
+
+
+def _reference_intervals(mask: torch.Tensor) -> tuple[list[list[int]], list[list[int]], bool]:
+    """Per row of a bool [B, 1, T, S] mask: indices of allowed keys -> min, max, and contiguity."""
+    los, his, contiguous = [], [], True
+    for b in range(mask.shape[0]):
+        lo_row, hi_row = [], []
+        for row in mask[b, 0]:
+            keys = row.nonzero().flatten().tolist()
+            lo_row.append(min(keys) if keys else 0)
+            hi_row.append(max(keys) if keys else -1)
+            contiguous &= keys == list(range(lo_row[-1], hi_row[-1] + 1))
+        los.append(lo_row)
+        his.append(hi_row)
+    return los, his, contiguous
+
+
+@pytest.mark.parametrize("rows_per_step", [1024, 3])
+def test_mask_intervals_match_reference(monkeypatch, rows_per_step):
+    monkeypatch.setattr(sys.modules[mask_intervals.__module__], "_ROW_CHUNK", rows_per_step)
+    t, s = 11, 14  # a cache prefix of 3 keys: causal rows are bottom-right aligned
+    q = torch.arange(t)[:, None] + (s - t)
+    k = torch.arange(s)[None, :]
+    causal = k <= q
+    window = causal & (k > q - 4)
+    padded = torch.stack([causal, causal & (k >= 5)])  # row 1: left padding, its first rows allow nothing
+    holes = causal.clone()
+    holes[7, 2] = False
+    cases = {
+        "causal": causal[None, None],
+        "sliding": window[None, None],
+        "left-padded": padded[:, None],
+        "full": torch.ones(1, 1, t, s, dtype=torch.bool),
+        "empty": torch.zeros(1, 1, t, s, dtype=torch.bool),
+        "non-contiguous": holes[None, None],
+        "two-runs": (window | (k == 0))[None, None],
+    }
+    for name, mask in cases.items():
+        ref_lo, ref_hi, contiguous = _reference_intervals(mask)
+        additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+        for given in (mask, additive):
+            if not contiguous:
+                with pytest.raises(ValueError, match="contiguous"):
+                    mask_intervals(given, mask.shape[0], t, s, causal_if_none=False)
+                continue
+            lo, hi = mask_intervals(given, mask.shape[0], t, s, causal_if_none=False)
+            assert lo.dtype == hi.dtype == torch.long, name
+            assert lo.tolist() == ref_lo and hi.tolist() == ref_hi, name
+    lo, hi = mask_intervals(padded[:1, None], 3, t, s, causal_if_none=False)  # one mask row, batch of 3
+    assert lo.shape == (3, t) and hi.tolist() == [_reference_intervals(padded[:1, None])[1][0]] * 3

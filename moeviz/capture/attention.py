@@ -32,6 +32,7 @@ from moeviz.models import attention as attention_models
 
 _active = threading.local()
 _ROW_CHUNK = 1024  # query rows per step when reducing a [B, 1, T, S] mask to intervals (bounded temp memory)
+_SCRATCH_BYTES = 16 << 20  # at most this much scratch per step of that reduction (fewer rows for long keys)
 
 
 @dataclass
@@ -100,26 +101,35 @@ def mask_intervals(
         raise ValueError(f"attention mask of shape {list(mask.shape)}; expected [B, 1, T, S]")
     lo = torch.empty(mask.shape[0], q_len, dtype=torch.long)
     hi = torch.empty_like(lo)
-    cols = None
-    for start in range(0, q_len, _ROW_CHUNK):
-        part = mask[:, 0, start : start + _ROW_CHUNK]
+    cols = mask.shape[-1]
+    # Per row: count = number of allowed keys, hi = max over allowed keys of col, lo = cols - max over allowed
+    # keys of (cols - col); the row is one interval iff count == hi - lo + 1. Each is a vectorised sum/max
+    # over one reused integer scratch (no float or int64 copies of the mask); int16 holds weights and
+    # counts below 32,768 keys.
+    dtype = torch.int16 if cols <= torch.iinfo(torch.int16).max else torch.int32
+    up = torch.arange(cols, dtype=dtype, device=mask.device)
+    down = cols - up
+    step = max(1, min(_ROW_CHUNK, _SCRATCH_BYTES // max(1, mask.shape[0] * cols * up.element_size())))
+    scratch = None
+    for start in range(0, q_len, step):
+        part = mask[:, 0, start : start + step]
         if part.dtype == torch.bool:
             allowed = part
         else:
             allowed = part == 0
             if bool(((~allowed) & (part > -1e4)).any()):
                 raise ValueError("additive attention mask carries a bias, not only 0/-inf: not an interval")
-        count = allowed.sum(-1)
-        first = allowed.to(torch.uint8).argmax(-1)
-        last = part.shape[-1] - 1 - allowed.flip(-1).to(torch.uint8).argmax(-1)
-        if cols is None:
-            cols = part.shape[-1]
-        ok = (count == 0) | (count == last - first + 1)
-        if not bool(ok.all()):
-            raise ValueError("attention mask rows are not contiguous key intervals")
+        if scratch is None or scratch.shape != allowed.shape:
+            scratch = torch.empty(allowed.shape, dtype=dtype, device=mask.device)  # [B, rows, S], reused
+        flags = scratch.copy_(allowed)  # 0/1
+        count = flags.sum(-1, dtype=dtype)
+        last = flags.mul_(up).amax(-1)
+        first = cols - scratch.copy_(allowed).mul_(down).amax(-1)
         empty = count == 0
-        lo[:, start : start + part.shape[1]] = torch.where(empty, 0, first)
-        hi[:, start : start + part.shape[1]] = torch.where(empty, -1, last)
+        if not bool((empty | (count == last - first + 1)).all()):
+            raise ValueError("attention mask rows are not contiguous key intervals")
+        lo[:, start : start + part.shape[1]] = first.masked_fill_(empty, 0)
+        hi[:, start : start + part.shape[1]] = last.masked_fill_(empty, -1)
     if lo.shape[0] != batch:
         lo, hi = lo.expand(batch, -1).clone(), hi.expand(batch, -1).clone()
     return lo, hi
