@@ -4,6 +4,7 @@ re-run the model with that routing forced. Every number comes from `moeviz.analy
 
 import streamlit as st
 from components import caches, exports, pickers, prompt
+from components.counterfactual import next_token_metrics
 from components.errors import stop_on_error
 
 import moeviz
@@ -261,29 +262,12 @@ elif forced_experts is not None:
                 status.update(label=str(exc), state="error")
     kept_key, run = st.session_state.get("pg_rerun_result", (None, None))
     if kept_key == key:
-        row = st.container(horizontal=True, gap="large")  # wraps on a narrow screen
-        row.metric(
-            "mean Δ log p(next token)",
-            f"{run.mean_delta_after:+.4f}" if len(run.deltas_after) else "—",
-            f"max |Δ| {run.max_abs_delta_after:.4f}" if len(run.deltas_after) else "one token",
-            delta_color="off",
-            delta_arrow="off",
-            width="content",
-            help="Δ = log p_new(x_{t+1} | x_≤t) − log p_captured(x_{t+1} | x_≤t), mean over the prompt's "
-            "positions",
-        )
-        row.metric(
-            f"log p({run.next_token!r}) after the prompt",
-            f"{run.next_logprob_after:.4f}",
-            f"{run.next_logprob_change:+.4f}",
-            width="content",
-        )
-        row.metric(
-            "Predicted next token",
-            repr(run.next_token_after),
-            "changed" if run.next_id_after != run.next_id else "same",
-            delta_color="off",
-            width="content",
+        next_token_metrics(
+            run,
+            mean_label="mean Δ log p(next token)",
+            mean_help="Δ = log p_new(x_{t+1} | x_≤t) − log p_captured(x_{t+1} | x_≤t), mean over the "
+            "prompt's positions",
+            no_later="one token",
         )
         positions = run.position_frame()
         exports.show_chart(position_delta_chart(positions), "pg_positions")

@@ -2,6 +2,7 @@
 
 import streamlit as st
 from components import caches, expert_axis, exports, pickers, prompt
+from components.counterfactual import next_token_metrics
 
 import moeviz
 from moeviz.analysis import expert_balance_frame
@@ -128,28 +129,14 @@ if st.button("Run what-if", key="why_whatif"):
             status.update(label=str(exc), state="error")
 if cf_key in results:
     cf = results[cf_key]
-    x, y, z = st.columns(3)
-    x.metric(
-        f"log p({cf.next_token!r}) after the prompt",
-        f"{cf.next_logprob_after:.4f}",
-        f"{cf.next_logprob_change:+.4f}",
-    )
-    y.metric(
-        "Predicted next token",
-        repr(cf.next_token_after),
-        "changed" if cf.next_id_after != cf.next_id else "same",
-        delta_color="off",
-    )
     positions = cf.position_frame()
     first = cf.first_intervened
-    z.metric(
-        f"mean Δ log p(next token), positions ≥ {first}",
-        f"{cf.mean_delta_after:+.4f}" if len(cf.deltas_after) else "—",
-        f"max |Δ| {cf.max_abs_delta_after:.4f}" if len(cf.deltas_after) else "no later position",
-        delta_color="off",
-        delta_arrow="off",
-        help="Δ = log p_after(x_{t+1} | x_≤t) − log p_before(x_{t+1} | x_≤t) at every position t from the "
-        "intervened one on (earlier positions cannot see the intervention: Δ = 0 there).",
+    next_token_metrics(
+        cf,
+        mean_label=f"mean Δ log p(next token), positions ≥ {first}",
+        mean_help="Δ = log p_after(x_{t+1} | x_≤t) − log p_before(x_{t+1} | x_≤t) at every position t from "
+        "the intervened one on (earlier positions cannot see the intervention: Δ = 0 there).",
+        no_later="no later position",
     )
     exports.show_chart(position_delta_chart(positions), "why_positions")
     st.caption(
