@@ -2,14 +2,16 @@
 `--long`) a long-context capture.
 
 CPU time (`time.process_time`) with one torch thread, contenders interleaved (the order alternates each
-round) so machine noise hits all alike; figures are medians of per-round ratios to the plain forward.
+round) so machine noise hits all alike; (a) reports medians of per-round ratios to the plain forward, (b)
+ratios of medians (below).
 
 (a) 512 tokens: `moeviz.capture(..., attention=True)` vs a plain forward (target <= 1.15). Also reported:
     the routing-only capture, and eager attention with `output_attentions=True` (the usual approach).
 (b) 2,048 tokens (issue 18): plain forward; capture with attention; capture with attention + per-token
     summaries of all layers and heads (`summaries()`) and the head grid (`head_summary()`, what the app
-    shows). Target: capture + summaries <= 1.5x a plain forward. Repeated `--summary-repeats` times (3);
-    prints the median and the spread (min-max) of the ratio.
+    shows). Target: capture + summaries <= 1.5x a plain forward. `--runs` (3) measurements of
+    `--summary-rounds` (5) interleaved rounds each; a run's ratio is the contender's median over its rounds
+    divided by plain's; prints the median and the spread (min-max) of the runs' ratios.
 (c) `--long 32768`: the sample model `mixtral-healthy` on its whole context (sliding-window attention over
     256 tokens): routing + attention capture, per-head summaries of every layer, one attention row of the
     last token; time against a plain forward, and peak RSS (after the plain forward alone, and after the
@@ -19,7 +21,7 @@ Models: a random d=512, 8-layer Mixtral (`bench_capture_overhead.mid_size_mixtra
 `sample:mixtral-healthy`.
 
     python benchmarks/bench_attention.py [--tokens 512] [--repeats 15] [--summary-tokens 2048]
-        [--summary-repeats 3] [--skip-overhead] [--skip-summaries] [--long 32768]
+        [--summary-rounds 5] [--runs 3] [--skip-overhead] [--skip-summaries] [--long 32768]
 """
 
 from __future__ import annotations
@@ -100,9 +102,10 @@ def overhead(loaded, tokens: int, repeats: int) -> dict[str, float]:
     }
 
 
-def summaries_cost(loaded, tokens: int, repeats: int) -> dict:
+def summaries_cost(loaded, tokens: int, rounds: int, runs: int) -> dict:
     """(b): plain forward, capture with attention, capture + summaries of all layers and heads, interleaved
-    (the order rotates each round); per-round ratios to the plain forward of the same round."""
+    (the order rotates each round). Each of `runs` measurements gives, per contender, its median over
+    `rounds` divided by plain's median; returns those ratios per contender (one per run)."""
     _, id_list, plain = _inputs(loaded, tokens)
 
     def capture():
@@ -115,18 +118,24 @@ def summaries_cost(loaded, tokens: int, repeats: int) -> dict:
         assert len(frame) == tokens * sum(attention.layer(i).num_heads for i in attention.map_layers)
         assert len(grid) >= len(attention.map_layers)
 
-    runs = {"plain": plain, "capture": capture, "capture+summaries": capture_summaries}
-    for fn in runs.values():  # warm-up
+    contenders = {"plain": plain, "capture": capture, "capture+summaries": capture_summaries}
+    names = list(contenders)
+    for fn in contenders.values():  # warm-up
         fn()
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    names = list(runs)
-    for i in range(repeats):
-        for name in names[i % 3 :] + names[: i % 3]:
-            start = time.process_time()
-            runs[name]()
-            times[name].append(time.process_time() - start)
-    ratios = {name: [t / p for t, p in zip(times[name], times["plain"], strict=True)] for name in names[1:]}
-    return {"plain_s": statistics.median(times["plain"]), "ratios": ratios}
+    ratios: dict[str, list[float]] = {name: [] for name in names[1:]}
+    plain_s = []
+    for _ in range(runs):
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for i in range(rounds):
+            for name in names[i % 3 :] + names[: i % 3]:
+                start = time.process_time()
+                contenders[name]()
+                times[name].append(time.process_time() - start)
+        base = statistics.median(times["plain"])
+        plain_s.append(base)
+        for name in names[1:]:
+            ratios[name].append(statistics.median(times[name]) / base)
+    return {"plain_s": statistics.median(plain_s), "ratios": ratios}
 
 
 def long_context(tokens: int) -> dict[str, float]:
@@ -172,7 +181,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--summary-tokens", type=int, default=2048)
-    parser.add_argument("--summary-repeats", type=int, default=3)
+    parser.add_argument("--summary-rounds", type=int, default=5, help="interleaved rounds per run")
+    parser.add_argument("--runs", type=int, default=3, help="times the summaries measurement is repeated")
     parser.add_argument("--long", type=int, default=0, help="tokens of the long-context run (0: skip)")
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--skip-summaries", action="store_true")
@@ -185,7 +195,7 @@ def main() -> None:
     print(f"torch threads: {torch.get_num_threads()}; CPU time (process_time), contenders interleaved")
     if not args.skip_summaries:
         for name, load in models:
-            result = summaries_cost(load(), args.summary_tokens, args.summary_repeats)
+            result = summaries_cost(load(), args.summary_tokens, args.summary_rounds, args.runs)
             parts = []
             for contender, ratios in result["ratios"].items():
                 parts.append(
@@ -197,7 +207,7 @@ def main() -> None:
                 f"[{args.summary_tokens} tokens, {name}] plain {result['plain_s'] * 1e3:.0f} ms | "
                 + " | ".join(parts)
                 + f" | target capture+summaries <= 1.5x: {'met' if summary <= 1.5 else 'NOT met'} "
-                f"({args.summary_repeats} rounds)"
+                f"({args.runs} runs of {args.summary_rounds} rounds)"
             )
     if not args.skip_overhead:
         for name, load in models:

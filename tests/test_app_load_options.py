@@ -134,7 +134,7 @@ def test_routing_load_chart_has_bootstrap_bands() -> None:
 def test_a_model_too_large_is_refused_with_its_message(monkeypatch) -> None:
     import moeviz.models.placement as placement
 
-    monkeypatch.setattr(placement, "available_memory", lambda device: 1024)  # 1 KiB free
+    monkeypatch.setattr(placement, "available_memory", lambda device, max_age=0.0: 1024)  # 1 KiB free
     at = AppTest.from_file(str(APP), default_timeout=60)
     at.session_state["model"] = MODEL
     at.session_state["load_dtype"] = "float32"  # a key of its own: nothing cached

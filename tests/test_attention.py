@@ -137,7 +137,12 @@ def test_head_summary_grid(captured):
     _, _, trace, _ = captured("mixtral")
     grid = trace.attention.head_summary(window=4)
     assert len(grid) == 2 * 4 and set(grid["kind"]) <= {"sink", "local", "global"}
-    assert {"mean_entropy", "mean_mean_distance", "mean_sink_mass", "mean_local_mass"} <= set(grid)
+    # each mean is the mean of that head's per-token summaries over every real token of every sequence
+    stats = ["entropy", "mean_distance", "sink_mass", "local_mass", "learned_sink_mass"]
+    expected = trace.attention.summaries(window=4).groupby(["layer", "head"])[stats].mean()
+    assert list(zip(grid["layer"], grid["head"], strict=True)) == list(expected.index)
+    for name in stats:
+        np.testing.assert_allclose(grid[f"mean_{name}"], expected[name], rtol=1e-6, atol=1e-7)
 
 
 def test_kv_whatif_loses_exactly_the_mass_outside_window_and_globals(captured):

@@ -75,6 +75,37 @@ def test_progress_counts_router_calls(tiny_model_dir):
     assert {t for _, t in seen} == {sites * 3}
 
 
+def test_one_forward_builds_no_kv_cache_and_routes_as_with_one(tiny_model_dir):
+    """A single forward is captured with use_cache=False (its KV cache would never be read); the routing
+    equals that of the model's default forward (with a cache), recorded by a hook of this test."""
+    loaded = moeviz.load_model(tiny_model_dir("mixtral"))
+    seen: list[object] = []
+    handle = loaded.model.register_forward_pre_hook(
+        lambda _m, _a, kwargs: seen.append(kwargs.get("use_cache", "default")), with_kwargs=True
+    )
+    try:
+        trace = moeviz.capture(loaded, token_ids=[[5, 6, 7, 8]])
+    finally:
+        handle.remove()
+    assert seen == [False]
+    logits = []
+    router = loaded.sites[0].router.register_forward_hook(lambda _m, _a, out: logits.append(out[0]))
+    try:
+        with torch.inference_mode():
+            loaded.model(input_ids=torch.tensor([[5, 6, 7, 8]]))  # use_cache defaults to True here
+    finally:
+        router.remove()
+    np.testing.assert_array_equal(trace.layers[0].logits, logits[0].reshape(4, -1).numpy())
+
+    from moeviz.capture.routing import _without_cache
+
+    class NoCacheArgument(torch.nn.Module):  # e.g. remote code: its forward is called as it is
+        def forward(self, input_ids, attention_mask=None):
+            return input_ids
+
+    assert _without_cache(NoCacheArgument) == {}
+
+
 def test_generate_routing_equals_forward_on_full_sequence(tiny_model_dir):
     """The step-by-step (KV-cached) routing equals one forward over prompt + generated tokens."""
     loaded = moeviz.load_model(tiny_model_dir("qwen3_moe"))

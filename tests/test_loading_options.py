@@ -4,6 +4,7 @@ is read, loading progress, and what a loaded model records about itself."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -153,7 +154,7 @@ def _roundtrip(trace):
 
 # ---- memory check ---------------------------------------------------------------------------------------
 def test_refuses_a_model_that_does_not_fit_before_reading_weights(bf16_mixtral, monkeypatch):
-    monkeypatch.setattr(placement, "available_memory", lambda device: 200 * 1024)
+    monkeypatch.setattr(placement, "available_memory", lambda device, max_age=0.0: 200 * 1024)
     _no_weight_reads(monkeypatch)
     with pytest.raises(InsufficientMemoryError) as err:
         moeviz.load_model(bf16_mixtral)
@@ -167,7 +168,7 @@ def test_refuses_a_model_that_does_not_fit_before_reading_weights(bf16_mixtral, 
 
 
 def test_memory_check_can_be_skipped(bf16_mixtral, monkeypatch):
-    monkeypatch.setattr(placement, "available_memory", lambda device: 1024)
+    monkeypatch.setattr(placement, "available_memory", lambda device, max_age=0.0: 1024)
     loaded = moeviz.load_model(bf16_mixtral, check_memory=False)
     assert loaded.memory is not None and not loaded.memory.fits
 
@@ -193,6 +194,24 @@ def test_available_memory_reads_the_system():
     free = placement.available_memory(torch.device("cpu"))
     assert free is None or free > 0
     assert placement.format_bytes(3 * 2**30) == "3.0 GiB"
+
+
+def test_a_recent_free_memory_reading_is_reused_only_far_from_the_limit(monkeypatch):
+    """Captures in a row read the free memory once a second; an input near the limit reads it now."""
+    readings = iter(range(1 << 30, 0, -(1 << 20)))  # each reading 1 MiB less than the one before
+    monkeypatch.setattr(placement, "_read_available", lambda device: next(readings))
+    monkeypatch.setattr(placement, "_readings", {})
+    cpu = torch.device("cpu")
+    first = placement.available_memory(cpu)
+    assert placement.available_memory(cpu, max_age=60.0) == first  # recent: reused
+    assert placement.available_memory(cpu) == first - (1 << 20)  # max_age 0: read now
+    shape = placement.ActivationShape(hidden=64, intermediate=128, experts=8, layers=2, heads=4, vocab=1000)
+    need = shape.bytes(torch.float32, 100)
+    placement.refuse_if_input_too_large(shape, torch.float32, cpu, 1, 100, "small")
+    assert next(readings) == first - 2 * (1 << 20)  # far below the limit: no reading
+    monkeypatch.setattr(placement, "_readings", {"cpu": (time.monotonic(), 4 * need - 1)})
+    placement.refuse_if_input_too_large(shape, torch.float32, cpu, 1, 100, "near the limit")
+    assert next(readings) == first - 4 * (1 << 20)  # near it: read once more
 
 
 # ---- progress -------------------------------------------------------------------------------------------
@@ -241,13 +260,13 @@ def test_progress_is_per_thread(bf16_mixtral, tiny_model_dir):
 
 def test_capture_refuses_an_input_whose_activations_do_not_fit(tiny_model_dir, monkeypatch):
     loaded = moeviz.load_model(tiny_model_dir("qwen3_moe"))
-    monkeypatch.setattr(placement, "available_memory", lambda device: 50 * 1024)
+    monkeypatch.setattr(placement, "available_memory", lambda device, max_age=0.0: 50 * 1024)
     with pytest.raises(
         InsufficientMemoryError, match=r"2 sequences × 12 tokens\) needs about .* 50\.0 KiB is free"
     ):
         moeviz.capture(loaded, token_ids=SEQS)
     assert not any(site.router._forward_hooks for site in loaded.sites)  # refused before hooks went in
-    monkeypatch.setattr(placement, "available_memory", lambda device: None)  # unknown: no check
+    monkeypatch.setattr(placement, "available_memory", lambda device, max_age=0.0: None)  # unknown: no check
     assert moeviz.capture(loaded, token_ids=SEQS).layers
 
 

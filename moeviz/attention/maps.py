@@ -50,7 +50,7 @@ _FLOAT32_SCORE_TOLERANCE = 4e-7
 _PROBE_ROWS = 16  # query rows per sequence the probe measures
 _FLOAT32_SCORE_BOUND = 16.0  # scaling · max |q| · max |k| above this: float64 scores, no probe needed
 _SUM_DTYPE = "float32"
-_STATS = ("mass", "entropy", "mean_distance", "sink_mass", "local_mass", "kept_mass", "learned_sink_mass")
+_SUMMARY_STATS = ("entropy", "mean_distance", "sink_mass", "local_mass", "learned_sink_mass")
 
 
 @dataclass
@@ -337,19 +337,23 @@ class AttentionCapture:
         )
 
     # ---- streaming summaries ------------------------------------------------------------------------
-    def _pass(self, layer: int, window: int, global_tokens: int) -> dict[str, np.ndarray]:
+    def _pass(
+        self, layer: int, window: int, global_tokens: int, geometry: dict | None = None
+    ) -> dict[str, np.ndarray]:
         """Per-token statistics of every head of one layer, streamed over query blocks.
 
         Returns arrays [B, H, T] (query columns): mass (on real keys), entropy, mean_distance, sink_mass,
         local_mass (0 <= i - j < window), kept_mass (local or j < global_tokens), learned_sink_mass.
-        One fused pass over the layer (`_layer_stats`); cached per (layer, window, global_tokens).
+        One fused pass over the layer (`_layer_stats`); cached per (layer, window, global_tokens). Callers
+        that pass several layers share one `geometry` (the blocks' masks and weights, the same for every
+        layer with the same intervals: built once instead of once per layer).
         """
         key = (layer, window, global_tokens)
         with self._lock:
             cached = self._cache.get(key)
         if cached is not None:
             return cached
-        out = _layer_stats(self.layer(layer), self.offsets, window, global_tokens)
+        out = _layer_stats(self.layer(layer), self.offsets, window, global_tokens, geometry)
         with self._lock:
             self._cache[key] = out
         return out
@@ -363,30 +367,31 @@ class AttentionCapture:
         """
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
-        frames = []
-        for layer in self._layers_arg(layers):
-            stats = self._pass(layer, window, 0)
-            frames.append(
-                self._frame(
-                    layer, stats, ("entropy", "mean_distance", "sink_mass", "local_mass", "learned_sink_mass")
-                )
-            )
-        if not frames:
-            return pd.DataFrame({c: [] for c in SUMMARY_COLUMNS})
-        return pd.concat(frames, ignore_index=True)[SUMMARY_COLUMNS]
+        layers, geometry = self._layers_arg(layers), {}
+        stats = [self._pass(layer, window, 0, geometry) for layer in layers]
+        return self._frame(layers, stats, _SUMMARY_STATS)
 
     def head_summary(self, window: int = 32) -> pd.DataFrame:
         """One row per (layer, head): mean entropy, mean distance, sink and local mass over real tokens, and a
         `kind` label for the head grid: "sink" (mean sink mass > 0.5), "local" (local mass > 0.5) or
         "global". Linear-attention layers with an attention-like map are listed once (head -1) with kind
         "linear" (no probability statistics); layers without a map with kind "no map" and their reason."""
-        frame = self.summaries(window)
-        grid = (
-            frame.groupby(["layer", "head"], as_index=False)[
-                ["entropy", "mean_distance", "sink_mass", "local_mass", "learned_sink_mass"]
-            ]
-            .mean()
-            .rename(columns=lambda c: c if c in ("layer", "head") else f"mean_{c}")
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        means: dict[str, list[np.ndarray]] = {name: [] for name in _SUMMARY_STATS}  # per layer: [H]
+        geometry: dict = {}
+        for layer in self.map_layers:  # means over real tokens, without building the per-token frame
+            stats = self._pass(layer, window, 0, geometry)
+            for name, per_layer in means.items():
+                real = [stats[name][b, :, off : off + n] for b, (off, n) in self._seqs()]
+                per_layer.append(np.concatenate(real, axis=1).mean(axis=1))
+        heads = [self.layers[layer].num_heads for layer in self.map_layers]
+        grid = pd.DataFrame(
+            {
+                "layer": np.repeat(np.array(self.map_layers, dtype=np.int64), heads),
+                "head": np.concatenate([np.arange(h) for h in heads]) if heads else np.zeros(0, np.int64),
+                **{f"mean_{name}": np.concatenate(v) if v else np.zeros(0) for name, v in means.items()},
+            }
         )
         grid["kind"] = np.where(
             grid["mean_sink_mass"] > 0.5, "sink", np.where(grid["mean_local_mass"] > 0.5, "local", "global")
@@ -480,11 +485,11 @@ class AttentionCapture:
             raise ValueError("window must be >= 1 and global_tokens >= 0")
         per_layer = self.kv_cache_bytes_per_token().set_index("layer")["bytes_per_token"]
         longest = int(self.lengths.max()) if len(self.lengths) else 0
-        rows = []
+        rows, geometry = [], {}
         for layer in self.map_layers:
             full_tokens = self.kv_cache_tokens(layer, longest)
             kept_tokens = self.kv_cache_tokens(layer, longest, window, global_tokens)
-            stats = self._pass(layer, window, global_tokens)
+            stats = self._pass(layer, window, global_tokens, geometry)
             lost = np.clip(stats["mass"] - stats["kept_mass"], 0.0, None)
             for head in range(self.layers[layer].num_heads):
                 values = np.concatenate([lost[b, head, off : off + n] for b, (off, n) in self._seqs()])
@@ -518,20 +523,27 @@ class AttentionCapture:
     def _seqs(self):
         return enumerate(zip(self.offsets.tolist(), self.lengths.tolist(), strict=True))
 
-    def _frame(self, layer: int, stats: dict[str, np.ndarray], names: tuple[str, ...]) -> pd.DataFrame:
-        h_n = self.layers[layer].num_heads
-        parts = []
-        for b, (off, n) in self._seqs():
-            part = {
-                "layer": np.full(h_n * n, layer, dtype=np.int64),
-                "head": np.repeat(np.arange(h_n, dtype=np.int64), n),
-                "seq": np.full(h_n * n, b, dtype=np.int64),
-                "pos": np.tile(np.arange(n, dtype=np.int64), h_n),
-            }
-            for name in names:
-                part[name] = stats[name][b, :, off : off + n].reshape(-1).astype(np.float32)
-            parts.append(pd.DataFrame(part))
-        return pd.concat(parts, ignore_index=True)
+    def _frame(
+        self, layers: list[int], stats: list[dict[str, np.ndarray]], names: tuple[str, ...]
+    ) -> pd.DataFrame:
+        """The tidy frame of `layers`' per-token statistics (one `_pass` result each): built from numpy
+        columns at once (one DataFrame, no concatenation of per-layer frames)."""
+        columns: dict[str, list[np.ndarray]] = {c: [] for c in ("layer", "head", "seq", "pos", *names)}
+        for layer, layer_stats in zip(layers, stats, strict=True):
+            h_n = self.layers[layer].num_heads
+            for b, (off, n) in self._seqs():
+                columns["layer"].append(np.full(h_n * n, layer, dtype=np.int64))
+                columns["head"].append(np.repeat(np.arange(h_n, dtype=np.int64), n))
+                columns["seq"].append(np.full(h_n * n, b, dtype=np.int64))
+                columns["pos"].append(np.tile(np.arange(n, dtype=np.int64), h_n))
+                for name in names:
+                    columns[name].append(
+                        layer_stats[name][b, :, off : off + n].reshape(-1).astype(np.float32)
+                    )
+        empty = {
+            c: np.zeros(0, np.int64 if c in ("layer", "head", "seq", "pos") else np.float32) for c in columns
+        }
+        return pd.DataFrame({c: np.concatenate(parts) if parts else empty[c] for c, parts in columns.items()})
 
 
 def _key_span(lo, hi, start: int, stop: int) -> int:
@@ -609,7 +621,7 @@ def _block_weights(
     sink_col = off - k0
     global_end = min(max(sink_col + global_tokens, 0), keys)
     key = (start - k0, keys, rel_lo.tobytes(), rel_hi.tobytes(), sink_col if 0 <= sink_col < keys else None)
-    key += (global_end, score_dtype)
+    key += (global_end, window, score_dtype)
     found = geometry.get(key)
     if found is not None:
         return found
@@ -712,7 +724,7 @@ def _float32_scores_suffice(spec: AttentionLayer) -> bool:
 
 
 def _layer_stats(
-    spec: AttentionLayer, offsets: np.ndarray, window: int, global_tokens: int
+    spec: AttentionLayer, offsets: np.ndarray, window: int, global_tokens: int, geometry: dict | None = None
 ) -> dict[str, np.ndarray]:
     """All per-token statistics of all heads of one softmax layer in one streaming pass (see `_pass`).
 
@@ -733,16 +745,20 @@ def _layer_stats(
         score_dtype = torch.float32
     b_n, h_n, t_n, dim = spec.query.shape
     groups = h_n // spec.num_kv_heads
-    out = np.zeros((len(_STATS), b_n, h_n, t_n), dtype=np.float64)
+    raw = np.zeros((6, b_n, h_n, t_n), dtype=np.float64)  # per row: the sums over keys `_combine` needs
+    row_max = None if spec.sinks is None else np.zeros((b_n, h_n, t_n), dtype=np.float64)
     query = torch.from_numpy(spec.query)
     sinks = None if spec.sinks is None else torch.from_numpy(spec.sinks).to(score_dtype)[:, None, None]
     pool: dict = {}
-    geometry: dict = {}
+    geometry = {} if geometry is None else geometry  # one per (window, global_tokens): see _block_weights
     for b in range(b_n):
         off = int(offsets[b])
         lo_b, hi_b = spec.lo[b], spec.hi[b]
         key = torch.from_numpy(spec.key[b]).to(score_dtype)  # [Hkv, S, D]
-        for start, stop, k0, k1 in _blocks(lo_b, hi_b, h_n):
+        plan = ("blocks", lo_b.tobytes(), hi_b.tobytes(), h_n)  # layers with the same intervals share it
+        if plan not in geometry:
+            geometry[plan] = list(_blocks(lo_b, hi_b, h_n))
+        for start, stop, k0, k1 in geometry[plan]:
             rows, keys = stop - start, k1 - k0
             w = _block_weights(
                 geometry, lo_b, hi_b, start, stop, k0, k1, off, window, global_tokens, score_dtype
@@ -783,25 +799,34 @@ def _layer_stats(
                 band = _buffer(pool, "t", (h_n, rows, last - first), sum_dtype)
                 sums.append(torch.mul(e[:, :, first:last], weight, out=band).sum(-1))
             sums.append(e[:, :, off - k0] * w["pos0"] if w["pos0"] is not None else torch.zeros_like(sums[0]))
-            stacked = torch.stack(sums).double()  # [n, H, R]
-            mass_e, ent_e, dist_e, local_e, extra_e, pos0_e = stacked
-            kept_e = local_e + extra_e
-            sink_e = torch.exp(sinks[:, :, 0].double() - m[..., 0].double()) if sinks is not None else None
-            z = mass_e if sink_e is None else mass_e + sink_e  # >= 1 on rows with keys
-            z = torch.where(z > 0, z, 1.0)
-            mass = mass_e / z
-            block = torch.stack(
-                [
-                    mass,
-                    torch.log(z) * mass - ent_e / z,
-                    dist_e / torch.where(mass_e > 0, mass_e, 1.0),
-                    pos0_e / z,
-                    local_e / z,
-                    kept_e / z,
-                    torch.zeros_like(z) if sink_e is None else sink_e / z,
-                ]
-            )
-            if w["empty"] is not None:
-                block.masked_fill_(w["empty"][None, None, :], 0.0)
-            out[:, b, :, start:stop] = block.numpy()
-    return dict(zip(_STATS, out, strict=True))
+            raw[:, b, :, start:stop] = torch.stack(sums).numpy()  # float32 sums into the float64 array
+            if sinks is not None:
+                row_max[b, :, start:stop] = m[..., 0].numpy()
+    return _combine(raw, row_max, spec, spec.hi < spec.lo)
+
+
+def _combine(
+    raw: np.ndarray, row_max: np.ndarray | None, spec: AttentionLayer, empty: np.ndarray
+) -> dict[str, np.ndarray]:
+    """The statistics from a layer's raw sums over keys (`_layer_stats`), in float64 for all rows at once.
+
+    raw [6, B, H, T]: Σ e, Σ e·(s − m), Σ e·(i − j), Σ e over the local band, over global keys outside it,
+    e at position 0; row_max [B, H, T]: the m each row was shifted by (for the learned sink's e = exp(sink −
+    m)), None without sinks; empty [B, T]: rows without keys (padding), whose statistics are all 0."""
+    mass_e, ent_e, dist_e, local_e, extra_e, pos0_e = raw
+    sink_e = None if row_max is None else np.exp(spec.sinks.astype(np.float64)[None, :, None] - row_max)
+    z = mass_e if sink_e is None else mass_e + sink_e  # >= 1 on rows with keys
+    z = np.where(z > 0, z, 1.0)
+    mass = mass_e / z
+    stats = {
+        "mass": mass,
+        "entropy": np.log(z) * mass - ent_e / z,
+        "mean_distance": dist_e / np.where(mass_e > 0, mass_e, 1.0),
+        "sink_mass": pos0_e / z,
+        "local_mass": local_e / z,
+        "kept_mass": (local_e + extra_e) / z,
+        "learned_sink_mass": np.zeros_like(z) if sink_e is None else sink_e / z,
+    }
+    for values in stats.values():
+        values[np.broadcast_to(empty[:, None, :], values.shape)] = 0.0
+    return stats

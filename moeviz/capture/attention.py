@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -78,9 +79,30 @@ def _layer_of(name: str, module: nn.Module) -> int:
     return int(match.group(1)) if match else -1
 
 
-def attention_modules(model: nn.Module) -> dict[int, tuple[str, int]]:
-    """id(module) -> (qualified name, decoder layer index) for every module of the model."""
-    return {id(m): (name, _layer_of(name, m)) for name, m in model.named_modules()}
+@dataclass(frozen=True)
+class _Layout:
+    """What attention recording needs from a model's module tree: id(module) -> (qualified name, decoder
+    layer index) for every module, and its linear-attention modules as (name, layer, module)."""
+
+    modules: dict[int, tuple[str, int]]
+    lightning: list[tuple[str, int, nn.Module]]
+    delta_rule: list[tuple[str, int, nn.Module]]
+
+
+# Walked once per model and kept while it lives: three walks over every module cost ~5 ms per capture.
+_layouts: weakref.WeakKeyDictionary[nn.Module, _Layout] = weakref.WeakKeyDictionary()
+
+
+def _layout(model: nn.Module) -> _Layout:
+    layout = _layouts.get(model)
+    if layout is None:
+        modules = {id(m): (name, _layer_of(name, m)) for name, m in model.named_modules()}
+        layout = _layouts[model] = _Layout(
+            modules,
+            attention_models.lightning_modules(model),
+            attention_models.delta_rule_modules(model),
+        )
+    return layout
 
 
 def mask_intervals(
@@ -213,7 +235,8 @@ def recording_attention(model: nn.Module) -> Iterator[AttentionRecorder]:
     The wrapper on `ALL_ATTENTION_FUNCTIONS.get_interface` is shared by concurrent captures and removed by
     the last one, also when the block raises.
     """
-    recorder = AttentionRecorder(modules=attention_modules(model))
+    layout = _layout(model)
+    recorder = AttentionRecorder(modules=layout.modules)
     registry = _interface()
 
     def install() -> list[Restore]:
@@ -226,7 +249,7 @@ def recording_attention(model: nn.Module) -> Iterator[AttentionRecorder]:
         active_on_thread(_active, "recorder", recorder),
     ):
         try:
-            with _linear_hooks(model, recorder):
+            with _linear_hooks(layout, recorder):
                 yield recorder
         finally:
             recorder._mask_cache.clear()
@@ -252,7 +275,7 @@ def _delta_kernel_wrapper(original: Callable, kind: str) -> Callable:
 
 
 @contextmanager
-def _linear_hooks(model: nn.Module, recorder: AttentionRecorder) -> Iterator[None]:
+def _linear_hooks(layout: _Layout, recorder: AttentionRecorder) -> Iterator[None]:
     """Hooks on the model's linear-attention layers, recording only on the recorder's own thread; always
     removed. MiniMax: a forward hook on `qkv_proj` keeps a reference to its output. Qwen3-Next DeltaNet and
     Kimi Linear KDA: a pre-hook marks the running module and the (reference-counted, thread-checked) wrapper
@@ -262,7 +285,7 @@ def _linear_hooks(model: nn.Module, recorder: AttentionRecorder) -> Iterator[Non
     def mine() -> bool:
         return getattr(_active, "recorder", None) is recorder
 
-    for name, layer, module in attention_models.lightning_modules(model):
+    for name, layer, module in layout.lightning:
 
         def keep(_mod, _inputs, output, name=name, layer=layer, module=module):
             if mine():
@@ -271,7 +294,7 @@ def _linear_hooks(model: nn.Module, recorder: AttentionRecorder) -> Iterator[Non
 
         handles.append(module.qkv_proj.register_forward_hook(keep))
     kernels = {}  # (id(python module), global name) -> (python module, global name, kind)
-    for name, layer, module in attention_models.delta_rule_modules(model):
+    for name, layer, module in layout.delta_rule:
         owner, fname, kind = attention_models.delta_rule_kernel(module)
         kernels[(id(owner), fname)] = (owner, fname, kind)
 

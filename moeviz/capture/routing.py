@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
 import warnings
 from collections.abc import Callable, Sequence
@@ -88,7 +90,7 @@ def capture(
     what = f"capturing {loaded.info.source}" + (f" with generate={generate}" if generate > 0 else "")
     width = max(len(seq) for seq in batch) + generate
     dtype = getattr(loaded.model, "dtype", torch.float32)
-    refuse_if_input_too_large(loaded.model.config, dtype, loaded.device, len(batch), width, what)
+    refuse_if_input_too_large(loaded.activation_shape, dtype, loaded.device, len(batch), width, what)
     model = loaded.model
     if attention and (generate or loaded.is_encoder_decoder):
         raise InputError("attention capture covers one forward of a decoder-only model: use generate=0")
@@ -168,16 +170,20 @@ def token_batch(loaded: LoadedModel, texts, token_ids) -> list[list[int]]:
         batch = [_int_list(seq) for seq in batch]
     if not batch or any(len(seq) == 0 for seq in batch):
         raise InputError("empty input: every sequence needs at least one token")
-    vocab = int(loaded.model.config.get_text_config().vocab_size)
-    try:  # vectorised check; the message lists the offenders, found the slow way
-        flat = np.fromiter(itertools.chain.from_iterable(batch), dtype=np.int64, count=sum(map(len, batch)))
-        in_range = bool(flat.min() >= 0 and flat.max() < vocab)
-    except OverflowError:  # an id beyond int64
-        in_range = False
-    if not in_range:
+    vocab = loaded.vocab_size
+    if not all(_in_range(seq, vocab) for seq in batch):
         bad = sorted({i for seq in batch for i in seq if not 0 <= i < vocab})
         raise InputError(f"token ids out of range [0, {vocab}): {bad[:10]}")
     return batch
+
+
+def _in_range(seq: list[int], vocab: int) -> bool:
+    """Every id in [0, vocab), checked in numpy (a C loop); False for an id beyond int64 too."""
+    try:
+        array = np.fromiter(seq, dtype=np.int64, count=len(seq))
+    except OverflowError:
+        return False
+    return bool(array.min() >= 0 and array.max() < vocab)
 
 
 def _int_list(seq) -> list[int]:
@@ -259,11 +265,14 @@ def _run(loaded: LoadedModel, batch: list[list[int]], generate: int) -> dict[str
                 attention_mask=attention,
                 decoder_input_ids=torch.from_numpy(dec_ids).to(device),
                 decoder_attention_mask=torch.from_numpy(dec_mask.astype(np.int64)).to(device),
+                **_without_cache(type(loaded.model)),
             )
             decoder = _stream("decoder", dec_ids, dec_mask, [slice(0, dec_ids.shape[1])])
             decoder.predicted[:] = _argmax(out.logits)
             return {"input": _stream("input", ids, mask, [slice(0, width)]), "decoder": decoder}
-        out = loaded.model(input_ids=input_ids, attention_mask=attention)
+        out = loaded.model(
+            input_ids=input_ids, attention_mask=attention, **_without_cache(type(loaded.model))
+        )
         stream = _stream("input", ids, mask, [slice(0, width)])
         stream.predicted[:] = _argmax(out.logits)
         return {"input": stream}
@@ -295,6 +304,15 @@ def _run(loaded: LoadedModel, batch: list[list[int]], generate: int) -> dict[str
     # Greedy decoding: from the last prompt position on, the next token is the model's argmax.
     stream.predicted[:, width - 1 : -1] = sequences[:, width:]
     return {"input": stream}
+
+
+@functools.cache
+def _without_cache(model_class: type) -> dict[str, bool]:
+    """`use_cache=False` for a model whose forward names the argument: the KV cache of a single forward is
+    never read, and building it costs ~2% of a small model's forward (every layer's keys and values copied
+    into it). Empty for a forward without it (remote code), which then runs as it is."""
+    parameters = inspect.signature(model_class.forward).parameters
+    return {"use_cache": False} if "use_cache" in parameters else {}
 
 
 def _alive(generated: np.ndarray, eos: set[int]) -> np.ndarray:
@@ -483,10 +501,13 @@ def _decisions_across_layers(
     decided = {}
     for members in groups.values():
         k = recorder.expert_args[members[0]][0][1].shape[-1]
-        idx = torch.stack([recorder.expert_args[i][0][1].reshape(-1, k) for i in members])
-        w = torch.stack([recorder.expert_args[i][0][2].reshape(-1, k) for i in members])
-        experts = idx.cpu().numpy().astype(np.int64, copy=False)  # [L, N, k]
-        weights = w.detach().float().cpu().numpy()
+        experts = np.stack(
+            [_numpy(recorder.expert_args[i][0][1]).reshape(-1, k) for i in members]
+        )  # [L, N, k]
+        experts = experts.astype(np.int64, copy=False)
+        weights = np.stack(
+            [_numpy(recorder.expert_args[i][0][2], float32=True).reshape(-1, k) for i in members]
+        )
         if k > 1:
             ordered = (weights[:, :, :-1] > weights[:, :, 1:]).all(axis=(1, 2)) & (experts >= 0).all(
                 axis=(1, 2)
@@ -510,14 +531,24 @@ def _logits(site: MoESite, output) -> np.ndarray:
         raise CaptureError(
             f"layer {site.layer} ({site.name}): no [N, {site.num_experts}] logits in router output"
         )
-    return tensor.detach().float().cpu().numpy()
+    return _numpy(tensor, float32=True)
+
+
+def _numpy(tensor: torch.Tensor, *, float32: bool = False) -> np.ndarray:
+    """A tensor's values as a numpy array, shared with the tensor where it can be (CPU, fp32 if asked):
+    torch's per-op cost dominates on the small [N, k] and [N, E] arrays of a capture."""
+    if float32 and tensor.dtype != torch.float32:
+        tensor = tensor.float()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    return (tensor.detach() if tensor.requires_grad else tensor).numpy()
 
 
 def _decision(site: MoESite, output, args, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
     if site.decoder == "expert_args":  # most families: `from_expert_args`, in numpy (torch's per-op cost
         idx, w = args[1], args[2]  # dominates on [N, k] arrays)
-        experts = idx.reshape(-1, idx.shape[-1]).cpu().numpy().astype(np.int64, copy=False)
-        weights = w.reshape(-1, w.shape[-1]).detach().float().cpu().numpy()
+        experts = _numpy(idx).reshape(-1, idx.shape[-1]).astype(np.int64, copy=False)
+        weights = _numpy(w, float32=True).reshape(-1, w.shape[-1])
         return (*sort_slots_np(experts, weights), "dispatch")
     if site.decoder != "auto":
         experts, weights = DECODERS[site.decoder](output, args)

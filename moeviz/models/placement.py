@@ -162,38 +162,79 @@ def parameter_bytes(skeleton: nn.Module, dtype: torch.dtype) -> int:
     return total + sum(b.numel() * b.element_size() for b in buffers.values())
 
 
+@dataclass(frozen=True)
+class ActivationShape:
+    """The sizes of a model that its activation memory depends on, read from its (text) config once: a
+    transformers config attribute costs ~5 µs to read, a fixed cost per capture that shows on small models."""
+
+    hidden: int
+    intermediate: int  # the widest MLP/expert intermediate over the selected experts
+    experts: int
+    layers: int
+    heads: int
+    vocab: int
+
+    @classmethod
+    def of(cls, config) -> ActivationShape:
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+
+        def first(*names: str, default: int = 0) -> int:
+            for name in names:
+                value = getattr(text, name, None)
+                if isinstance(value, int) and value > 0:
+                    return value
+            return default
+
+        return cls(
+            hidden=first("hidden_size", "d_model", default=1024),
+            intermediate=max(
+                first("intermediate_size", "ffn_dim", "d_ff"),
+                first("moe_intermediate_size", "expert_intermediate_size")
+                * first("num_experts_per_tok", "num_experts_per_token", "moe_k", "moe_topk", default=2),
+            ),
+            experts=first(
+                "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", default=8
+            ),
+            layers=first("num_hidden_layers", "num_layers", "n_layers", default=1),
+            heads=first("num_attention_heads", "n_head", default=8),
+            vocab=first("vocab_size", default=32000),
+        )
+
+    def bytes(self, dtype: torch.dtype, tokens: int) -> int:
+        """A generous estimate of one forward's working memory over `tokens` tokens: a dozen hidden-state-
+        sized buffers, the widest MLP/expert intermediate for every selected expert, attention scores per head
+        over a block, fp32 router logits kept for every MoE layer, and fp32 next-token logits."""
+        itemsize = dtype.itemsize
+        per_token = itemsize * (12 * self.hidden + 3 * self.intermediate + self.heads * min(tokens, 1024))
+        per_token += 4 * (2 * self.experts * self.layers + self.vocab)
+        return int(tokens * per_token)
+
+
 def activation_bytes(config, dtype: torch.dtype, tokens: int) -> int:
-    """A generous estimate of one forward's working memory over `tokens` tokens: a dozen hidden-state-sized
-    buffers, the widest MLP/expert intermediate for every selected expert, attention scores per head over a
-    block, fp32 router logits kept for every MoE layer, and fp32 next-token logits."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    itemsize = torch.empty((), dtype=dtype).element_size()
-
-    def first(*names: str, default: int = 0) -> int:
-        for name in names:
-            value = getattr(text, name, None)
-            if isinstance(value, int) and value > 0:
-                return value
-        return default
-
-    hidden = first("hidden_size", "d_model", default=1024)
-    intermediate = max(
-        first("intermediate_size", "ffn_dim", "d_ff"),
-        first("moe_intermediate_size", "expert_intermediate_size")
-        * first("num_experts_per_tok", "num_experts_per_token", "moe_k", "moe_topk", default=2),
-    )
-    experts = first("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", default=8)
-    layers = first("num_hidden_layers", "num_layers", "n_layers", default=1)
-    heads = first("num_attention_heads", "n_head", default=8)
-    vocab = first("vocab_size", default=32000)
-    per_token = itemsize * (12 * hidden + 3 * intermediate + heads * min(tokens, 1024))
-    per_token += 4 * (2 * experts * layers + vocab)
-    return int(tokens * per_token)
+    """`ActivationShape.bytes` for `config`'s model."""
+    return ActivationShape.of(config).bytes(dtype, tokens)
 
 
-def available_memory(device: torch.device) -> int | None:
-    """Free memory on `device` now, in bytes: CUDA's free memory; for the CPU (and MPS, which shares it) the
-    smaller of the OS's available memory and what the process's cgroup limit leaves. None if unknown."""
+# device → (when, free bytes): `available_memory`'s last reading
+_readings: dict[str, tuple[float, int | None]] = {}
+
+
+def available_memory(device: torch.device, max_age: float = 0.0) -> int | None:
+    """Free memory on `device`, in bytes: CUDA's free memory; for the CPU (and MPS, which shares it) the
+    smaller of the OS's available memory and what the process's cgroup limit leaves. None if unknown.
+
+    A reading at most `max_age` seconds old is reused (reading costs ~0.3 ms on the CPU: procfs and cgroup
+    files); the default reads now."""
+    key, now = str(device), time.monotonic()
+    last = _readings.get(key)
+    if last is not None and now - last[0] <= max_age:
+        return last[1]
+    free = _read_available(device)
+    _readings[key] = (now, free)
+    return free
+
+
+def _read_available(device: torch.device) -> int | None:
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
@@ -286,26 +327,16 @@ def refuse_if_too_large(estimate: MemoryEstimate, what: str) -> None:
     )
 
 
-# device → (the function that read it, when, free bytes): `refuse_if_input_too_large`'s recent reading
-_recent_free: dict[str, tuple[Callable[[torch.device], int | None], float, int]] = {}
-
-
 def refuse_if_input_too_large(
-    config, dtype: torch.dtype, device: torch.device, sequences: int, width: int, what: str
+    shape: ActivationShape, dtype: torch.dtype, device: torch.device, sequences: int, width: int, what: str
 ) -> None:
     """Before a capture runs: refuse (InsufficientMemoryError) when the activations of `sequences` padded to
-    `width` tokens would not fit in the memory `device` has free now.
-
-    Reading the free memory costs ~0.3 ms (procfs and cgroup files), a fixed cost per capture that shows on
-    small models: a reading under a second old is reused while the need is below a quarter of it."""
-    need = activation_bytes(config, dtype, sequences * width)
-    source, key, now = available_memory, str(device), time.monotonic()
-    recent = _recent_free.get(key)
-    if recent is not None and recent[0] is source and now - recent[1] < 1.0 and 4 * need <= recent[2]:
-        return
-    free = source(device)
-    if free is not None:
-        _recent_free[key] = (source, now, free)
+    `width` tokens would not fit in the memory `device` has free now (a reading under a second old while the
+    need is below a quarter of it: captures in a row read it once)."""
+    need = shape.bytes(dtype, sequences * width)
+    free = available_memory(device, max_age=1.0)
+    if free is not None and 4 * need > free:  # near the limit: read it now
+        free = available_memory(device)
     if free is None or need <= free:
         return
     raise InsufficientMemoryError(
