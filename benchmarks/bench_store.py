@@ -1,11 +1,11 @@
-"""Store benchmark: trace vs plain forward throughput, bytes per routed token per layer, 10M-row aggregation.
+"""Store benchmark: bytes per routed token per layer, 10M-row aggregation. (Tracing throughput against a
+plain forward: benchmarks/bench_trace_throughput.py.)
 
 Run: .venv/bin/python benchmarks/bench_store.py
 """
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -13,12 +13,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
-from bench_capture_overhead import mid_size_mixtral
 
 import moeviz
 from moeviz.samples import eval_dir
-from moeviz.store import StoreQuery, TraceSettings, iter_batches, trace_corpus
+from moeviz.store import StoreQuery, TraceSettings, trace_corpus
 from moeviz.store.layout import append_manifest
 from moeviz.store.schema import store_schema
 from moeviz.store.writer import finish_run, prepare_run
@@ -26,38 +24,17 @@ from moeviz.store.writer import finish_run, prepare_run
 BATCHES, BATCH, CHUNK = 12, 8, 256
 
 
-def throughput(loaded, store: Path, num_batches: int = BATCHES) -> None:
-    tokenize = lambda text: loaded.tokenizer(text)["input_ids"]  # noqa: E731
-    batches = list(iter_batches(eval_dir(), tokenize, CHUNK, BATCH, num_batches))
-    tokens = sum(b.num_tokens for b in batches)
-
-    def forward(ids: list[list[int]]) -> None:
-        width = max(len(s) for s in ids)
-        x = torch.tensor([s + [0] * (width - len(s)) for s in ids])
-        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in ids])
-        loaded.model(input_ids=x, attention_mask=mask)
-
-    with torch.inference_mode():
-        forward(batches[0].token_ids)  # warm-up
-        start = time.perf_counter()
-        for b in batches:
-            forward(b.token_ids)
-        plain = tokens / (time.perf_counter() - start)
-    start = time.perf_counter()
+def storage(loaded, store: Path, num_batches: int = BATCHES) -> None:
+    """Bytes the store keeps per routed token and layer (the throughput is bench_trace_throughput.py's)."""
     run = trace_corpus(
         loaded, eval_dir(), store, settings=TraceSettings(BATCH, CHUNK, num_batches), progress=False
-    )
-    traced = run.tokens / (time.perf_counter() - start)
-    print(
-        f"{loaded.info.source}: plain forward {plain:,.0f} tok/s; trace into store (reading, tokenizing, "
-        f"capturing, writing) {traced:,.0f} tok/s; ratio {traced / plain:.2f} (target >= 0.85)"
     )
     layers = len(run.config["layers"])
     e = run.config["layers"][0]["num_experts"]
     stored = sum(int(p["bytes"]) for p in run.parts.values()) / (run.tokens * layers)
     print(
-        f"storage: {stored:.1f} bytes per routed token per layer (all columns, zstd) vs {4 * e} bytes "
-        f"for full fp32 router logits alone (E = {e}); ratio {stored / (4 * e):.2f}"
+        f"{loaded.info.source}: {stored:.1f} bytes per routed token per layer (all columns, zstd) vs {4 * e} "
+        f"bytes for full fp32 router logits alone (E = {e}); ratio {stored / (4 * e):.2f}"
     )
 
 
@@ -104,12 +81,8 @@ def aggregation(root: Path, rows: int = 10_000_000) -> None:
 
 def main() -> None:
     loaded = moeviz.load_model("sample:mixtral-healthy")
-    # The sample's forward is ~50 ms a batch, so fixed per-batch work weighs; a model of more realistic
-    # proportions (random weights, the sample's tokenizer) shows where the ratio goes as the model grows.
-    mid = dataclasses.replace(mid_size_mixtral(), tokenizer=loaded.tokenizer)
     with tempfile.TemporaryDirectory() as tmp:
-        throughput(loaded, Path(tmp) / "store")
-        throughput(mid, Path(tmp) / "store_mid", num_batches=4)
+        storage(loaded, Path(tmp) / "store")
         aggregation(Path(tmp) / "big")
 
 

@@ -15,7 +15,7 @@ import pytest
 from tests.app_helpers import app_test_env, run_page
 from tests.scale_models import SHAPES, save_scale_series, with_tokenizer
 
-PAGES = ["routing", "load", "structure", "attention", "compare", "about", "why", "corpus"]
+PAGES = ["routing", "load", "structure", "attention", "compare", "about", "why", "corpus", "playground"]
 EXPERT_FIELDS = {"expert", "co_expert", "next_expert", "expert_label", "top1", "bar"}
 
 
@@ -77,6 +77,12 @@ def test_page_renders_at_scale(opened: str, page: str) -> None:
         assert len(charts) == 3
         spec = json.loads(next(c for c in charts if "Domain specialisation" in c.proto.spec).proto.spec)
         (encoded,) = {json.dumps(v["encoding"]["x"]["sort"]) for v in _views(spec)}
+        assert len(json.loads(encoded)) in (32, 33)
+    if page == "playground":  # one bias table (not an input per expert); the heatmap lists the top-N
+        assert not [n for n in at.number_input if str(n.key).startswith("pg_bias_")]
+        assert at.number_input(key="expert_top_n_widget").value == 32
+        heatmap = next(c for c in charts if "Re-routed scores and dispatch" in c.proto.spec)
+        (encoded,) = {json.dumps(v["encoding"]["y"]["sort"]) for v in _views(json.loads(heatmap.proto.spec))}
         assert len(json.loads(encoded)) in (32, 33)
     if page != "routing":
         return

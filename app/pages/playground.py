@@ -2,14 +2,15 @@
 capacity, balancing bias, score function) and see the dispatch, load and aux loss change at once; then
 re-run the model with that routing forced. Every number comes from `moeviz.analysis.reroute`."""
 
+import pandas as pd
 import streamlit as st
-from components import caches, exports, pickers, prompt
+from components import caches, expert_axis, exports, pickers, prompt
 from components.counterfactual import next_token_metrics
 from components.errors import stop_on_error
 
 import moeviz
 from moeviz.analysis.reroute import RerouteSettings, max_k, reroute_layer
-from moeviz.charts import expert_load_chart, router_score_heatmap
+from moeviz.charts import expert_load_chart, expert_load_curve_chart, router_score_heatmap
 from moeviz.charts.attribution import position_delta_chart
 from moeviz.charts.learn import aux_terms_compare_chart
 from moeviz.interventions import ForceRouting, counterfactual
@@ -27,6 +28,7 @@ site, layer = pickers.pick_layer(trace)
 routing = trace.layer(layer, site)
 captured = RerouteSettings.captured(routing)
 experts_n = routing.num_experts
+AT_SCALE = expert_axis.at_scale(experts_n)  # over 20 experts: a bias table, load curves, top-N experts
 
 
 def _defaults() -> dict:
@@ -41,6 +43,8 @@ def _defaults() -> dict:
         "pg_renormalise": captured.renormalise,
         "pg_groups": True,
         **{f"pg_bias_{e}": b for e, b in enumerate(bias)},
+        # at scale the bias table is redrawn from these values under a new key (a fresh, unedited table)
+        "pg_bias_version": st.session_state.get("pg_bias_version", 0) + 1,
     }
 
 
@@ -120,15 +124,40 @@ if grouped:
         "scores + bias), then its k experts among them",
     )
 e3.button("Reset", on_click=_reset, args=(_defaults(),), icon=":material/restart_alt:", key="pg_reset")
-with st.expander("Balancing bias per expert (added to the scores for the choice only, as in DeepSeek-V3)"):
-    bias_values = []
+
+
+def _bias_inputs() -> list[float]:
+    """One number input per expert, eight to a row."""
+    values = []
     for start in range(0, experts_n, BIAS_COLUMNS):
         for column, e in zip(
             st.columns(BIAS_COLUMNS), range(start, min(start + BIAS_COLUMNS, experts_n)), strict=False
         ):
-            bias_values.append(
-                column.number_input(f"expert {e}", step=0.01, format="%.3f", key=f"pg_bias_{e}")
-            )
+            values.append(column.number_input(f"expert {e}", step=0.01, format="%.3f", key=f"pg_bias_{e}"))
+    return values
+
+
+def _bias_table() -> list[float]:
+    """At scale: one editable table (expert, bias) instead of hundreds of inputs."""
+    start = pd.DataFrame(
+        {
+            "expert": range(experts_n),
+            "bias": [float(st.session_state[f"pg_bias_{e}"]) for e in range(experts_n)],
+        }
+    )
+    edited = st.data_editor(
+        start,
+        key=f"pg_bias_table_{st.session_state['pg_bias_version']}",
+        hide_index=True,
+        disabled=["expert"],
+        height=280,
+        column_config={"bias": st.column_config.NumberColumn("bias", step=0.01, format="%.3f")},
+    )
+    return [float(b) for b in edited["bias"]]
+
+
+with st.expander("Balancing bias per expert (added to the scores for the choice only, as in DeepSeek-V3)"):
+    bias_values = _bias_table() if AT_SCALE else _bias_inputs()
     st.caption("A positive bias makes an expert more likely to be chosen; its weight stays its score.")
 bias = None if captured.bias is None and not any(bias_values) else bias_values
 
@@ -177,36 +206,51 @@ metrics.metric(
     width="content",
 )
 
+axis = None
+if AT_SCALE:  # the experts the per-expert views list: top-N by the captured load, and the chosen one
+    axis = expert_axis.expert_axis(rerouted.load_rows(captured=True))
 left, right = st.columns(2)
-with left:
-    exports.show_chart(
-        expert_load_chart(
-            rerouted.load_rows(captured=True), title=f"Expert load, captured (top-{routing.k})"
-        ),
-        "pg_load_captured",
-    )
-with right:
-    exports.show_chart(
-        expert_load_chart(
-            rerouted.load_rows(), dropped=rerouted.dropped_slots, title=f"Expert load, re-routed (top-{k})"
-        ),
-        "pg_load_rerouted",
-    )
-st.caption("Tokens dispatched to each expert; dashed line = the fair share kT/E; grey = dropped by capacity.")
+for column, captured_side, title in (
+    (left, True, f"Expert load, captured (top-{routing.k})"),
+    (right, False, f"Expert load, re-routed (top-{k})"),
+):
+    rows = rerouted.load_rows(captured=captured_side)
+    with column:
+        exports.show_chart(
+            expert_load_curve_chart(rows, highlight=axis.expert, title=title)
+            if axis
+            else expert_load_chart(
+                rows, dropped=None if captured_side else rerouted.dropped_slots, title=title
+            ),
+            "pg_load_captured" if captured_side else "pg_load_rerouted",
+        )
+st.caption(
+    "Each expert's load against the fair share kT/E (1), busiest first; the chosen expert is marked."
+    if axis
+    else "Tokens dispatched to each expert; dashed line = the fair share kT/E; grey = dropped by capacity."
+)
 
 st.subheader("New dispatch per token")
+shown = axis.shown if axis else None
+heatmap = router_score_heatmap(
+    rerouted.as_trace(trace).scores_frame(layer, site),
+    max_tokens=MAX_TOKENS,
+    title=f"Re-routed scores and dispatch, layer {layer}",
+    selectable=False,
+    experts=shown,
+)
 exports.show_chart(
     exports.many_marks(
-        router_score_heatmap(
-            rerouted.as_trace(trace).scores_frame(layer, site),
-            max_tokens=MAX_TOKENS,
-            title=f"Re-routed scores and dispatch, layer {layer}",
-            selectable=False,
-        ),
-        min(n_tokens, MAX_TOKENS) * experts_n,
+        expert_axis.sort_axis(heatmap, shown) if axis else heatmap,
+        min(n_tokens, MAX_TOKENS) * (len(shown) if axis else experts_n),
     ),
     "pg_dispatch",
 )
+if axis:
+    st.caption(
+        f"The {len(axis.shown)} busiest of {experts_n} experts under the captured routing (top-N, and the "
+        f"chosen one), sorted by {axis.order_name}."
+    )
 st.caption(
     f"Colour = re-routed score = {score_fn}(logits / {temperature:g}); ● = where the token is now sent "
     "(dropped slots have no ●)."
