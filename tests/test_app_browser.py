@@ -231,7 +231,11 @@ PAGES = {  # navigation title -> (screenshot name, key of the container of the p
 def _open(browser: Browser, app_url: str) -> Page:
     page = browser.new_page(viewport=VIEWPORT, accept_downloads=True)
     page.goto(app_url, wait_until="domcontentloaded")
-    page.locator(".st-key-routing_prompt textarea").wait_for(timeout=RENDER_TIMEOUT_S * 1000)
+    prompt = page.locator(".st-key-routing_prompt textarea")
+    prompt.wait_for(timeout=RENDER_TIMEOUT_S * 1000)
+    deadline = time.monotonic() + RENDER_TIMEOUT_S  # the example prompt fills it (a loaded CI: not at once)
+    while not prompt.input_value() and time.monotonic() < deadline:
+        page.wait_for_timeout(250)
     return page
 
 

@@ -16,6 +16,9 @@ from moeviz.samples import DOMAINS
 
 DEFAULTS = LabConfig()
 # field -> (label, lowest, highest, step, format, help); the bounds are `LabConfig`'s own
+CONTROL_WIDTH = (
+    128  # px: every label on one line; the inputs wrap, one a row unless the column is wider (wide mode)
+)
 CONTROLS = {
     "experts": ("Experts", 1, 64, 1, None, "Routed experts per MoE layer; 1 = a dense model (one FFN)."),
     "k": (
@@ -104,12 +107,23 @@ def _kept(store_key: str, widget, *args, **kwargs):
     return widget(*args, key=widget_key, on_change=keep, args=(widget_key, store_key), **kwargs)
 
 
-def _number(field: str, spec: tuple, disabled: bool) -> None:
+def _number(field: str, spec: tuple, disabled: bool, width: int | str = "stretch") -> None:
     label, low, high, step, fmt, help_text = spec
     key = _store_key(field)
     value = st.session_state[key]
     st.session_state[key] = type(low)(min(max(value, low), high))  # a preset outside the range is clamped
-    _kept(key, st.number_input, label, low, high, step=step, format=fmt, help=help_text, disabled=disabled)
+    _kept(
+        key,
+        st.number_input,
+        label,
+        low,
+        high,
+        step=step,
+        format=fmt,
+        help=help_text,
+        disabled=disabled,
+        width=width,
+    )
 
 
 def controls(locked: bool) -> tuple[LabConfig | None, str | None]:
@@ -127,11 +141,11 @@ def controls(locked: bool) -> tuple[LabConfig | None, str | None]:
             disabled=locked,
             help=preset.label(),
         )
-    names = list(CONTROLS)
-    for pair in (names[i : i + 2] for i in range(0, len(names), 2)):
-        for column, name in zip(st.columns(2, gap="small"), pair, strict=False):
-            with column:
-                _number(name, CONTROLS[name], locked)
+    # wrapping rows of fixed-width inputs: two fixed columns cut the labels mid-word ("Expert|s" at 900 px)
+    row = st.container(horizontal=True, gap="small")
+    for name, spec in CONTROLS.items():
+        with row:
+            _number(name, spec, locked, CONTROL_WIDTH)
     _kept(
         CAPACITY_ON,
         st.toggle,
@@ -140,19 +154,15 @@ def controls(locked: bool) -> tuple[LabConfig | None, str | None]:
         "lowest-probability slots beyond it are dropped.",
         disabled=locked,
     )
-    left, _ = st.columns(2, gap="small")
-    with left:
-        _number(
-            "capacity_factor",
-            ("Capacity factor", 0.05, 64.0, 0.25, "%.2f", "Slots per expert over the even share."),
-            locked or not _value(CAPACITY_ON),
-        )
-    with st.expander("Model size and batches"):
-        names = list(SIZE_CONTROLS)
-        for pair in (names[i : i + 2] for i in range(0, len(names), 2)):
-            for column, name in zip(st.columns(2, gap="small"), pair, strict=False):
-                with column:
-                    _number(name, SIZE_CONTROLS[name], locked)
+    _number(
+        "capacity_factor",
+        ("Capacity factor", 0.05, 64.0, 0.25, "%.2f", "Slots per expert over the even share."),
+        locked or not _value(CAPACITY_ON),
+        CONTROL_WIDTH,
+    )
+    with st.expander("Model size and batches"):  # one a row: the expander's padding leaves no room for two
+        for name, spec in SIZE_CONTROLS.items():
+            _number(name, spec, locked)
     st.caption(
         f"Data: the bundled sample corpus ({len(DOMAINS)} domains), each split into training text (90%) and "
         "held-out text (10%), tokenised with the samples' tokenizer."

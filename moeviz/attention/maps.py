@@ -51,6 +51,7 @@ _PROBE_ROWS = 16  # query rows per sequence the probe measures
 _FLOAT32_SCORE_BOUND = 16.0  # scaling · max |q| · max |k| above this: float64 scores, no probe needed
 _SUM_DTYPE = "float32"
 _SUMMARY_STATS = ("entropy", "mean_distance", "sink_mass", "local_mass", "learned_sink_mass")
+_STATS = ("mass", "entropy", "mean_distance", "sink_mass", "local_mass", "kept_mass", "learned_sink_mass")
 
 
 @dataclass
@@ -818,15 +819,16 @@ def _combine(
     z = mass_e if sink_e is None else mass_e + sink_e  # >= 1 on rows with keys
     z = np.where(z > 0, z, 1.0)
     mass = mass_e / z
-    stats = {
-        "mass": mass,
-        "entropy": np.log(z) * mass - ent_e / z,
-        "mean_distance": dist_e / np.where(mass_e > 0, mass_e, 1.0),
-        "sink_mass": pos0_e / z,
-        "local_mass": local_e / z,
-        "kept_mass": (local_e + extra_e) / z,
-        "learned_sink_mass": np.zeros_like(z) if sink_e is None else sink_e / z,
-    }
-    for values in stats.values():
-        values[np.broadcast_to(empty[:, None, :], values.shape)] = 0.0
+    values = (
+        mass,
+        np.log(z) * mass - ent_e / z,  # entropy
+        dist_e / np.where(mass_e > 0, mass_e, 1.0),  # mean distance
+        pos0_e / z,  # sink mass
+        local_e / z,  # local mass
+        (local_e + extra_e) / z,  # kept mass
+        np.zeros_like(z) if sink_e is None else sink_e / z,  # learned sink mass
+    )
+    stats = dict(zip(_STATS, values, strict=True))
+    for array in stats.values():
+        array[np.broadcast_to(empty[:, None, :], array.shape)] = 0.0
     return stats
