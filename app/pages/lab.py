@@ -15,10 +15,9 @@ from moeviz.lab import PRESETS, LabConfig
 from moeviz.samples import DOMAINS
 
 DEFAULTS = LabConfig()
+# px: every label on one line; the inputs wrap, one a row unless the column is wider (wide mode)
+CONTROL_WIDTH = 128
 # field -> (label, lowest, highest, step, format, help); the bounds are `LabConfig`'s own
-CONTROL_WIDTH = (
-    128  # px: every label on one line; the inputs wrap, one a row unless the column is wider (wide mode)
-)
 CONTROLS = {
     "experts": ("Experts", 1, 64, 1, None, "Routed experts per MoE layer; 1 = a dense model (one FFN)."),
     "k": (

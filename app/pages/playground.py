@@ -206,23 +206,20 @@ metrics.metric(
     width="content",
 )
 
-axis = None
-if AT_SCALE:  # the experts the per-expert views list: top-N by the captured load, and the chosen one
-    axis = expert_axis.expert_axis(rerouted.load_rows(captured=True))
+captured_rows, rerouted_rows = rerouted.load_rows(captured=True), rerouted.load_rows()
+# at scale, the experts the per-expert views list: top-N by the captured load, and the chosen one
+axis = expert_axis.expert_axis(captured_rows) if AT_SCALE else None
 left, right = st.columns(2)
-for column, captured_side, title in (
-    (left, True, f"Expert load, captured (top-{routing.k})"),
-    (right, False, f"Expert load, re-routed (top-{k})"),
+for column, rows, dropped, title, key in (
+    (left, captured_rows, None, f"Expert load, captured (top-{routing.k})", "pg_load_captured"),
+    (right, rerouted_rows, rerouted.dropped_slots, f"Expert load, re-routed (top-{k})", "pg_load_rerouted"),
 ):
-    rows = rerouted.load_rows(captured=captured_side)
     with column:
         exports.show_chart(
             expert_load_curve_chart(rows, highlight=axis.expert, title=title)
             if axis
-            else expert_load_chart(
-                rows, dropped=None if captured_side else rerouted.dropped_slots, title=title
-            ),
-            "pg_load_captured" if captured_side else "pg_load_rerouted",
+            else expert_load_chart(rows, dropped=dropped, title=title),
+            key,
         )
 st.caption(
     "Each expert's load against the fair share kT/E (1), busiest first; the chosen expert is marked."

@@ -150,7 +150,7 @@ def next_token_attribution(
     ids = sequence_ids(loaded, text, token_ids)
     position = len(ids) - 1 if position is None else position
     prefix = _prefix(ids, position)
-    vocab = int(loaded.model.config.get_text_config().vocab_size)
+    vocab = loaded.vocab_size
     if target_id is None:
         if position + 1 < len(ids):
             target_id = ids[position + 1]
