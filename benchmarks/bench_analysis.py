@@ -16,11 +16,11 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from moeviz.analysis.balance import balance_frame, expert_balance_frame
 from moeviz.analysis.collapse import collapse_frame, collapse_report
 from moeviz.analysis.compare import routing_agreement_frame
 from moeviz.analysis.confidence import confidence_frame, confidence_summary_frame
-from moeviz.analysis.load import balance_frame, expert_balance_frame
-from moeviz.analysis.losses import aux_loss_pooled, loss_frame
+from moeviz.analysis.losses import aux_loss_topk_pooled, loss_frame
 from moeviz.analysis.specialisation import expert_domain_specialisation, vocabulary_specialisation_frame
 from moeviz.analysis.structure import (
     coactivation_frame,
@@ -120,7 +120,7 @@ BALANCE: list[tuple[str, Callable[[Trace], object]]] = [
     ("balance.balance_frame_D4", lambda t: balance_frame(t, devices=4)),
     ("balance.expert_balance_frame", expert_balance_frame),
     ("losses.loss_frame", loss_frame),
-    ("losses.aux_loss_pooled", lambda t: aux_loss_pooled(t.layers)),
+    ("losses.aux_loss_topk_pooled", lambda t: aux_loss_topk_pooled(t.layers)),
     ("confidence.confidence_frame", confidence_frame),
     ("confidence.confidence_summary_frame", confidence_summary_frame),
     ("collapse.collapse_frame", lambda t: collapse_frame(collapse_report(t))),

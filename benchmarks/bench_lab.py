@@ -39,7 +39,8 @@ def story(run: LabRun) -> str:
     lines = [
         f"  collapse_step={run.collapse_step}"
         f" final held-out loss={history['heldout_loss'].dropna().iloc[-1]:.3f}"
-        f" train loss={history['train_loss'].tail(10).mean():.3f} aux={history['aux_loss'].iloc[-1]:.3f}"
+        f" train loss={history['train_loss'].tail(10).mean():.3f}"
+        f" aux_loss_megatron={history['aux_loss_megatron'].iloc[-1]:.3f}"
         f" router_z={history['router_z'].iloc[-1]:.2f} collapsed steps={int(history['collapsed'].sum())}"
     ]
     for layer in range(c.layers):

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 import moeviz
 from moeviz.samples import eval_dir
-from moeviz.store import StoreQuery, TraceSettings, trace_corpus
+from moeviz.store import StoreQuery, TraceSettings, write_corpus
 from moeviz.store.layout import append_manifest
 from moeviz.store.schema import store_schema
 from moeviz.store.writer import finish_run, prepare_run
@@ -26,7 +26,7 @@ BATCHES, BATCH, CHUNK = 12, 8, 256
 
 def storage(loaded, store: Path, num_batches: int = BATCHES) -> None:
     """Bytes the store keeps per routed token and layer (the throughput is bench_trace_throughput.py's)."""
-    run = trace_corpus(
+    run = write_corpus(
         loaded, eval_dir(), store, settings=TraceSettings(BATCH, CHUNK, num_batches), progress=False
     )
     layers = len(run.config["layers"])

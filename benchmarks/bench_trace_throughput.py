@@ -1,8 +1,8 @@
-"""Corpus-trace throughput: `moeviz trace` (`trace_corpus`) against a plain forward over the same batches.
+"""Corpus-trace throughput: `moeviz trace` (`write_corpus`) against a plain forward over the same batches.
 
 Contenders, interleaved (plain, trace, plain, trace, ...) so machine noise hits both alike, one torch thread:
 - plain: the model's forward over the batches of the fixed plan, tokenised beforehand (nothing else);
-- trace: `trace_corpus` from the corpus files into a fresh temporary store (reading, tokenising, planning,
+- trace: `write_corpus` from the corpus files into a fresh temporary store (reading, tokenising, planning,
   capturing, building the rows, Parquet + zstd, manifest, fsync; everything `moeviz trace` does).
 
 Throughput = tokens per second of wall time and tokens per process CPU second (the trace overlaps its
@@ -36,7 +36,7 @@ from bench_capture_overhead import mid_size_mixtral
 
 import moeviz
 from moeviz.samples import eval_dir
-from moeviz.store import TraceSettings, iter_batches, trace_corpus
+from moeviz.store import TraceSettings, iter_batches, write_corpus
 
 
 @dataclasses.dataclass
@@ -77,7 +77,7 @@ def measure(case: Case, corpus: Path, repeats: int) -> dict[str, list[float]]:
 
     def trace() -> None:
         store = root / f"store{next(count)}"
-        run = trace_corpus(loaded, corpus, store, settings=settings, progress=False)
+        run = write_corpus(loaded, corpus, store, settings=settings, progress=False)
         assert run.complete and run.tokens == tokens, (run.tokens, tokens)
         shutil.rmtree(store)
 

@@ -6,10 +6,8 @@ from typing import Any
 
 import pandas as pd
 
+from moeviz.models.config_keys import EXPERT_COUNT_KEYS, TOP_K_KEYS, config_int
 from moeviz.trace import Trace
-
-EXPERT_COUNT_KEYS = ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts")
-TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "top_k", "num_selected_experts")
 
 
 def layer_facts_frame(trace: Trace) -> pd.DataFrame:
@@ -43,14 +41,6 @@ def bias_frame(trace: Trace) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["site", "layer", "expert", "bias"])
 
 
-def _config_value(config: Any, keys: tuple[str, ...]) -> int | None:
-    for key in keys:
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
 def parameter_summary(model: Any, experts: int | None = None, top_k: int | None = None) -> dict[str, Any]:
     """Total and active-per-token parameters of an MoE model (any torch module with `.config`).
 
@@ -61,8 +51,8 @@ def parameter_summary(model: Any, experts: int | None = None, top_k: int | None 
     experts, top_k and active_fraction; active is None when E or k is unknown.
     """
     config = getattr(model, "config", None)
-    num_experts = _config_value(config, EXPERT_COUNT_KEYS) or experts
-    k = _config_value(config, TOP_K_KEYS) or top_k
+    num_experts = config_int(config, EXPERT_COUNT_KEYS) or experts
+    k = config_int(config, TOP_K_KEYS) or top_k
     total = sum(p.numel() for p in model.parameters())
     routed = sum(p.numel() for name, p in model.named_parameters() if ".experts." in name)
     active = int(total - routed * (1 - k / num_experts)) if num_experts and k else None

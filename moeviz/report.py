@@ -5,8 +5,6 @@ Used by `moeviz report`; rendered as text (one screen), JSON (one object per lay
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,24 +16,28 @@ from moeviz.analysis import (
     ep_balancedness_over_layers,
     expert_domain_specialisation,
     loss_frame,
+    trace_device_load,
 )
 from moeviz.analysis.collapse import NOT_ENOUGH_TOKENS, CollapseReport, CollapseThresholds
+from moeviz.jsonable import dumps
 from moeviz.trace import Trace
 
 # Per-layer keys, in output order. The balance keys are `balance_frame`'s columns, with its names and
 # definitions (docs/routing-metrics.md): shares f = c/(kT) with dropped slots in kT, dropped slots their own
 # quantity; cv (population std) and gini textbook; cv_unbiased (ddof 1) as NeMo, Megatron-Core and
 # TensorRT-LLM log CV, gini_megatron (gini − 1/E) as Megatron-Core logs Gini.
-# aux_loss is the top-k Switch/GShard form, unscaled (α = 1), as transformers' load_balancing_loss_func
-# computes it: k when perfectly balanced (aux_loss_top1: 1; Megatron-Core logs aux_loss / k).
-# seq_aux_loss: DeepSeek-V3's sequence-wise form, mean over sequences, 1 when balanced.
+# Each auxiliary loss is named by its form (moeviz.analysis.AUX_LOSS_FORMS), unscaled (α = 1):
+# aux_loss_topk as transformers' load_balancing_loss_func computes it (k when perfectly balanced),
+# aux_loss_megatron = aux_loss_topk / k as Megatron-Core logs it and aux_loss_top1 (1 when balanced),
+# seq_aux_loss DeepSeek-V3's sequence-wise form, mean over sequences (1 when balanced).
 LAYER_KEYS = [
     "layer",
     "site",
     "tokens",
     "verdict",
     "status",
-    "aux_loss",
+    "aux_loss_topk",
+    "aux_loss_megatron",
     "aux_loss_top1",
     "seq_aux_loss",
     "z_loss",
@@ -96,7 +98,8 @@ def build_report(
             "tokens": int(b["tokens"]),
             "verdict": str(verdict.verdict),
             "status": verdict.status,  # judged | not enough tokens | no tokens (analysis.collapse)
-            "aux_loss": loss["aux_loss_topk"],
+            "aux_loss_topk": loss["aux_loss_topk"],
+            "aux_loss_megatron": loss["aux_loss_megatron"],
             "aux_loss_top1": loss["aux_loss_top1"],
             "seq_aux_loss": loss["seq_aux_loss"],
             "z_loss": loss["z_loss"],
@@ -128,25 +131,14 @@ def build_report(
                 if r.verdict == "specialised"
             ]
         rows.append(row)
-    over_layers = None if devices is None else ep_balancedness_over_layers(trace, devices)
+    over_layers = None if devices is None else ep_balancedness_over_layers(trace_device_load(trace, devices))
     return RoutingReport(
         trace.model.source, len(trace.tokens), collapse, pd.DataFrame(rows), domains, over_layers
     )
 
 
-def _clean(value):
-    """JSON-safe scalars: NaN → null, numpy → Python."""
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def render_json(report: RoutingReport) -> str:
-    layers = [{k: _clean(v) for k, v in row.items()} for row in report.layers.to_dict("records")]
+    layers = report.layers.to_dict("records")
     out = {
         "model": report.model,
         "tokens": report.tokens,
@@ -154,15 +146,15 @@ def render_json(report: RoutingReport) -> str:
         "reasons": report.collapse.reasons,
     }
     if report.ep_balancedness_over_layers is not None:
-        out["ep_balancedness_over_layers"] = _clean(report.ep_balancedness_over_layers)
-    return json.dumps({**out, "layers": layers}, indent=2)
+        out["ep_balancedness_over_layers"] = report.ep_balancedness_over_layers
+    return dumps({**out, "layers": layers}, indent=2)
 
 
 _TABLE = [
     ("layer", "{}"),
     ("site", "{}"),
     ("verdict", "{}"),
-    ("aux_loss", "{:.3f}"),
+    ("aux_loss_topk", "{:.3f}"),
     ("z_loss", "{:.1f}"),
     ("load_entropy", "{:.3f}"),
     ("max_share", "{:.3f}"),

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from moeviz.analysis.balance import load_entropy
 from moeviz.architecture import parameter_summary
 from moeviz.lab import LabConfig, LabRun
 from moeviz.lab.data import lab_corpus
@@ -59,18 +60,15 @@ def configurations(steps: int, seed: int) -> list[LabConfig]:
     return configs
 
 
-def load_entropy(run: LabRun) -> float:
+def tail_load_entropy(run: LabRun) -> float:
+    """The library's normalised load entropy of each layer's load over the last 10 steps, mean over layers."""
     c = run.config
     if c.experts == 1:
         return float("nan")
     loads = run.load_history()
     tail = loads[loads["step"] > c.steps - 10].groupby(["layer", "expert"])["load"].sum()
-    values = []
-    for layer in range(c.layers):
-        share = tail.loc[layer].to_numpy()
-        p = share[share > 0] / share.sum()
-        values.append(float(-(p * np.log(p)).sum() / np.log(c.experts)))
-    return float(np.mean(values))
+    per_layer = tail.to_numpy().reshape(c.layers, c.experts)
+    return float(np.mean(load_entropy(per_layer)))
 
 
 def measure(config: LabConfig) -> dict:
@@ -91,7 +89,7 @@ def measure(config: LabConfig) -> dict:
         "wall_s": round(wall, 1),
         "heldout_loss": round(float(history["heldout_loss"].dropna().iloc[-1]), 4),
         **{f"heldout_{d}": round(v, 4) for d, v in run.heldout_by_domain.items()},
-        "load_entropy": round(load_entropy(run), 4),
+        "load_entropy": round(tail_load_entropy(run), 4),
         "collapse_step": run.collapse_step,
     }
 

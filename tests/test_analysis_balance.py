@@ -22,9 +22,23 @@ from moeviz.analysis import (
     loss_stats,
     seq_aux_loss,
 )
+from moeviz.analysis.balance import (
+    balance_from_counts,
+    contiguous_device_load,
+    ep_balancedness,
+    gini,
+    jain_index,
+    trace_device_load,
+)
 from moeviz.analysis.confidence import confidence_summary_frame, layer_confidence, topk_margin
-from moeviz.analysis.load import balance_from_counts, ep_balancedness, gini, jain_index
-from moeviz.analysis.losses import aux_loss, aux_loss_pooled, bias_stats, router_probs, z_loss
+from moeviz.analysis.losses import (
+    aux_loss_top1,
+    aux_loss_topk,
+    aux_loss_topk_pooled,
+    bias_stats,
+    router_probs,
+    z_loss,
+)
 from moeviz.scoring import scores_from_logits
 from moeviz.trace import TOKEN_COLUMNS, LayerRouting, ModelInfo, Trace
 
@@ -180,10 +194,12 @@ def test_degenerate_layers_give_nan_without_warnings():
 
 def test_ep_balancedness_needs_a_divisor():
     with pytest.raises(ValueError, match="split evenly"):
-        ep_balancedness(np.ones(8), 3)
+        contiguous_device_load(np.ones(8), 3)
     with pytest.raises(ValueError, match="split evenly"):
         balance_frame(make_trace(make_layer(np.arange(6) % 6, 6)), devices=4)
-    assert ep_balancedness(np.array([1, 2, 3, 2]), 2) == pytest.approx(4 / 5)  # devices [3, 5]
+    assert ep_balancedness(contiguous_device_load(np.array([1, 2, 3, 2]), 2)) == pytest.approx(
+        4 / 5
+    )  # [3, 5]
 
 
 def test_gini_matches_brute_force_mean_absolute_difference():
@@ -237,21 +253,22 @@ def test_ep_balancedness_over_layers_by_hand():
     first = make_layer([0, 0, 1, 2], 4)
     second = make_layer([0, 1, 2, 3, 0, 1, 2, 3], 4, layer=1)
     trace = make_trace(first, second)
-    assert ep_balancedness_over_layers(trace, 2) == pytest.approx((2 + 4) / (3 + 4))
+    assert ep_balancedness_over_layers(trace_device_load(trace, 2)) == pytest.approx((2 + 4) / (3 + 4))
     # not the mean of the per-layer values (2/3 and 1): busy layers weigh more
     per_layer = balance_frame(trace, devices=2)["ep_balancedness"].mean()
     assert per_layer == pytest.approx((2 / 3 + 1) / 2)
-    assert math.isnan(ep_balancedness_over_layers(make_trace(make_layer(np.full((2, 1), -1), 4)), 2))
+    dropped = make_trace(make_layer(np.full((2, 1), -1), 4))
+    assert math.isnan(ep_balancedness_over_layers(trace_device_load(dropped, 2)))
     with pytest.raises(ValueError, match="split evenly"):
-        ep_balancedness_over_layers(trace, 3)
+        trace_device_load(trace, 3)
 
 
 # ---- balancing losses --------------------------------------------------------------------------------
 def test_aux_loss_hand_computed():
     probs = np.array([[0.8, 0.2], [0.6, 0.4], [0.3, 0.7]], np.float32)
     # f = [2/3, 1/3], P = [1.7/3, 1.3/3]  →  L = 2 (2/3 · 1.7/3 + 1/3 · 1.3/3) = 9.4 / 9
-    assert aux_loss(probs, 1) == pytest.approx(9.4 / 9, rel=1e-6)
-    assert aux_loss(probs, 2) == pytest.approx(2.0, rel=1e-6)  # k = E: every token includes every e
+    assert aux_loss_top1(probs) == pytest.approx(9.4 / 9, rel=1e-6)
+    assert aux_loss_topk(probs, 2) == pytest.approx(2.0, rel=1e-6)  # k = E: every token includes every e
 
 
 def _seq_aux_loss_loops(scores, seqs, k):
@@ -339,10 +356,10 @@ def test_aux_loss_equals_transformers(which, request):
     # transformers pools every layer's rows into one f and one P
     pooled_logits = [r.logits for r in trace.layers]
     for k in (1, 2):
-        assert aux_loss_pooled(trace.layers, k) == pytest.approx(_hf_aux(pooled_logits, e, k), rel=1e-5)
+        assert aux_loss_topk_pooled(trace.layers, k) == pytest.approx(_hf_aux(pooled_logits, e, k), rel=1e-5)
     if len(trace.layers) > 1:  # pooled is not the mean of per-layer losses
         per_layer = np.mean([loss_stats(r).aux_loss_topk for r in trace.layers])
-        assert aux_loss_pooled(trace.layers) != pytest.approx(per_layer, rel=1e-6)
+        assert aux_loss_topk_pooled(trace.layers) != pytest.approx(per_layer, rel=1e-6)
 
 
 def test_z_loss_matches_logsumexp_and_switch_reference():
@@ -479,7 +496,7 @@ def test_balance_metrics_stay_in_range(counts):
     assert s.max_vio >= -eps and s.cv >= -eps
     assert jain_index(counts) == pytest.approx(s.jain)
     for d in (d for d in range(1, e + 1) if e % d == 0):
-        assert 0 < ep_balancedness(counts, d) <= 1 + eps
+        assert 0 < ep_balancedness(contiguous_device_load(counts, d)) <= 1 + eps
 
 
 SCALARS = ("max_vio", "cv", "gini", "jain", "load_entropy", "effective_experts", "max_share", "dead_fraction")
@@ -531,7 +548,7 @@ def test_aux_loss_invariant_under_consistent_permutation(case):
     permuted[:, perm] = logits  # expert e becomes expert perm[e]
     probs, probs_p = scores_from_logits(logits, "softmax"), scores_from_logits(permuted, "softmax")
     for top_k in (1, k):
-        assert aux_loss(probs, top_k) == pytest.approx(aux_loss(probs_p, top_k), rel=1e-5)
+        assert aux_loss_topk(probs, top_k) == pytest.approx(aux_loss_topk(probs_p, top_k), rel=1e-5)
     assert z_loss(logits) == pytest.approx(z_loss(permuted), rel=1e-5)
     entropy = layer_confidence(make_layer(np.zeros((len(logits), 1)), logits.shape[1], logits)).entropy
     entropy_p = layer_confidence(make_layer(np.zeros((len(logits), 1)), logits.shape[1], permuted)).entropy

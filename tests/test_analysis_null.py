@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
+from moeviz.analysis.balance import balance_from_counts
 from moeviz.analysis.collapse import NOT_ENOUGH_TOKENS, CollapseThresholds, Verdict, judge_layer
-from moeviz.analysis.load import balance_from_counts
 from moeviz.analysis.null import (
     INDICATORS,
     at_effective_tokens,
@@ -130,6 +130,26 @@ def test_confidence_frames_and_edge_cases():
     assert np.isnan(empty.share).all() and np.isnan(empty.indicators["max_share"][1])
     with pytest.raises(ValueError, match="level"):
         load_confidence(layer, level=1.5)
+
+
+def test_bootstrap_indicators_are_balance_from_counts():
+    """The bands' observed values are `balance_from_counts`'s (one implementation, n = 1 its case), the
+    degenerate layers included: no token (T = 0, dead fraction NaN, not 1) and every slot dropped."""
+    layers = [
+        make_layer([0] * 30 + [1] * 10, 4),
+        make_layer([[0, 1], [2, 3], [-1, 1]], 4),
+        make_layer(np.zeros((0, 2)), 4),
+        make_layer(np.full((3, 2), -1), 4),
+    ]
+    for layer in layers:
+        band = load_confidence(layer, draws=20, seed=0)
+        counts = np.bincount(layer.experts[layer.experts >= 0], minlength=4)
+        stats = balance_from_counts(counts, len(layer.experts), layer.k, int((layer.experts < 0).sum()))
+        for name in INDICATORS:
+            want = getattr(stats, name)
+            got = band.indicators[name][0]
+            assert (math.isnan(got) and math.isnan(want)) or got == want, (name, got, want)
+    assert math.isnan(load_confidence(layers[2], draws=5).indicators["dead_fraction"][0])
 
 
 # ---- the sample models on short pieces of the held-out slices ----------------------------------------------

@@ -68,11 +68,17 @@ def test_gpus_change_the_balancedness_to_the_library_value(loaded) -> None:
         hidden_size=model_size(loaded.model).hidden_size,
         expert_flops_per_token=expert_flops_per_token(loaded),
     )
-    assert metric(at, "Balancedness") == f"{simulate_ep(routes, EPConfig(gpus=4, **common)).balancedness:.3f}"
+    assert (
+        metric(at, "ep_balancedness_over_layers")
+        == f"{simulate_ep(routes, EPConfig(gpus=4, **common)).ep_balancedness_over_layers:.3f}"
+    )
     at.selectbox(key="ep_gpus").set_value(8).run()
     at.selectbox(key="ep_gpus_per_node").set_value(2).run()
     assert not at.exception and not at.error
-    assert metric(at, "Balancedness") == f"{simulate_ep(routes, EPConfig(gpus=8, **common)).balancedness:.3f}"
+    assert (
+        metric(at, "ep_balancedness_over_layers")
+        == f"{simulate_ep(routes, EPConfig(gpus=8, **common)).ep_balancedness_over_layers:.3f}"
+    )
 
 
 def test_the_quantisation_button_shows_the_library_flip_rates(loaded) -> None:

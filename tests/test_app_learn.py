@@ -154,7 +154,7 @@ def test_aux_loss_step_equals_the_library_loss(traces) -> None:
     for layer in (0, 3):
         if layer:
             at.select_slider(key="learn_aux_layer_widget").set_value(str(layer)).run()
-        value = metric(at, "Aux loss L")
+        value = metric(at, "Aux loss L, top-k form")
         assert value == f"{losses.loc[layer, 'aux_loss_topk']:.4f}"
         terms = chart_rows(at, f"Terms E·f_e·P_e, MoE layer {layer}")
         assert terms["term"].sum() == pytest.approx(losses.loc[layer, "aux_loss_topk"], abs=1e-6)

@@ -73,7 +73,7 @@ def test_playground_follows_k_and_reruns_the_model() -> None:
     top1 = reroute_layer(trace, layer, RerouteSettings(k=1))
     assert _load(at) == top1.load.tolist() != captured.load.tolist()
     assert _metric(at, "Tokens that changed experts").value == f"{top1.changed_tokens} of {n}"
-    assert _metric(at, "Aux loss, re-routed").value == f"{top1.aux_loss:.4f}"
+    assert _metric(at, "aux_loss_dispatched, re-routed").value == f"{top1.aux_loss_dispatched:.4f}"
 
     at.button(key="pg_rerun").click().run()
     _ok(at)

@@ -21,7 +21,13 @@ import pytest
 
 import moeviz
 from moeviz import cli
-from moeviz.analysis import balance_frame, ep_balancedness_over_layers, expert_balance_frame, loss_frame
+from moeviz.analysis import (
+    balance_frame,
+    ep_balancedness_over_layers,
+    expert_balance_frame,
+    loss_frame,
+    trace_device_load,
+)
 from moeviz.charts import expert_load_chart
 from moeviz.store import StoreQuery
 from moeviz.store.writer import write_trace
@@ -161,9 +167,10 @@ def test_report_json_has_the_library_numbers(surfaces):
         for name in SHARED:
             want = row[name]
             assert (got[name] is None) if want != want else got[name] == pytest.approx(want, rel=1e-12), name
-        assert got["aux_loss"] == pytest.approx(loss["aux_loss_topk"], rel=1e-12)
+        assert got["aux_loss_topk"] == pytest.approx(loss["aux_loss_topk"], rel=1e-12)
+        assert got["aux_loss_megatron"] == pytest.approx(loss["aux_loss_megatron"], rel=1e-12)
         assert got["seq_aux_loss"] == pytest.approx(loss["seq_aux_loss"], rel=1e-12)
-    over_layers = ep_balancedness_over_layers(surfaces.trace, DEVICES)
+    over_layers = ep_balancedness_over_layers(trace_device_load(surfaces.trace, DEVICES))
     assert surfaces.report["ep_balancedness_over_layers"] == pytest.approx(over_layers, rel=1e-12)
 
 
@@ -202,3 +209,112 @@ def test_load_chart_draws_the_dropped_slots(surfaces):
                 assert bars.loc["dropped", "share"] == pytest.approx(row.dropped_fraction)
             else:
                 assert "dropped" not in bars.index
+
+
+# ---- the expert-parallel what-if and the Lab say the same --------------------------------------------
+def _whatif_ep_json(surfaces) -> dict:
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = cli.main(
+            [
+                "whatif",
+                "ep",
+                "--model",
+                str(surfaces.model_dir),
+                "--token-ids",
+                ",".join(map(str, surfaces.token_ids)),
+                "--gpus",
+                str(DEVICES),
+                "--gpus-per-node",
+                "1",
+                "--placement",
+                "contiguous",
+                "--format",
+                "json",
+            ]
+        )
+    assert code == 0
+    return json.loads(stdout.getvalue())
+
+
+def test_whatif_ep_contiguous_is_report_devices(surfaces):
+    """`moeviz report --devices D` and `moeviz whatif ep --gpus D --placement contiguous`: one quantity,
+    one name, the same numbers (whatif counts GPU loads itself; report places the expert counts)."""
+    got = _whatif_ep_json(surfaces)
+    report = {(row["site"], row["layer"]): row for row in surfaces.report["layers"]}
+    whatif_sites = {r.site for r in surfaces.trace.layers}
+    assert len(got["layers"]) == len(surfaces.trace.layers) and whatif_sites
+    for row, routing in zip(got["layers"], surfaces.trace.layers, strict=True):
+        assert row["layer"] == routing.layer
+        counts = np.bincount(routing.experts[routing.experts >= 0], minlength=routing.num_experts)
+        devices = counts.reshape(DEVICES, -1).sum(axis=1)  # contiguous, by hand
+        assert row["gpu_load"] == devices.tolist()
+        want = devices.mean() / devices.max() if devices.max() else None
+        assert row["ep_balancedness"] == pytest.approx(want, rel=1e-12)
+        assert report[(routing.site, routing.layer)]["ep_balancedness"] == pytest.approx(want, rel=1e-12)
+    assert got["ep_balancedness_over_layers"] == pytest.approx(
+        surfaces.report["ep_balancedness_over_layers"], rel=1e-12
+    )
+
+
+def test_lab_history_is_the_library_balance(monkeypatch):
+    """The Lab's history: load entropy normalised as `load_entropy` (not nats), the aux loss it trains on
+    named by its form and equal to `aux_loss_megatron` of the step's router probabilities."""
+    from dataclasses import replace
+
+    from moeviz.analysis.balance import load_entropy
+    from moeviz.analysis.losses import aux_loss_megatron
+    from moeviz.lab import LabConfig, LabRun
+    from moeviz.lab.train import HISTORY_COLUMNS, LabRouter
+
+    seen = []
+    forward = LabRouter.forward
+
+    def recording(self, hidden_states):
+        out = forward(self, hidden_states)
+        if self.lab_record is not None:
+            seen.append(self.lab_record[1].detach().numpy().copy())  # the step's probabilities [N, E]
+        return out
+
+    monkeypatch.setattr(LabRouter, "forward", recording)
+    config = replace(
+        LabConfig(), experts=4, k=2, d_model=16, layers=2, batch=2, seq=16, steps=1, eval_every=5
+    )
+    run = LabRun(config)
+    row = run.step()
+    assert "aux_loss" not in HISTORY_COLUMNS and "aux_loss_megatron" in HISTORY_COLUMNS
+    assert len(seen) == config.layers
+    want = np.mean([aux_loss_megatron(probs, config.k) for probs in seen])
+    assert row["aux_loss_megatron"] == pytest.approx(want, rel=1e-5)
+    loads = run.load_history()
+    shares = loads.sort_values(["layer", "expert"])["load"].to_numpy().reshape(config.layers, config.experts)
+    assert row["load_entropy"] == pytest.approx(float(np.mean(load_entropy(shares))), rel=1e-9)
+    assert 0 <= row["load_entropy"] <= 1
+
+
+# ---- one vocabulary -------------------------------------------------------------------------------------
+def test_every_surface_names_balance_by_the_vocabulary(surfaces):
+    """No surface says a bare `aux_loss` or `balancedness`, and every aux-loss key names a form of
+    AUX_LOSS_FORMS: the report JSON, loss_frame, the Lab's history and chart metrics, `whatif ep`."""
+    from moeviz.analysis import AUX_LOSS_FORMS, aux_loss_frame
+    from moeviz.charts.lab import LAB_METRICS
+    from moeviz.lab.train import HISTORY_COLUMNS
+
+    ep = _whatif_ep_json(surfaces)
+    names = {
+        "report": set(surfaces.report) | {k for row in surfaces.report["layers"] for k in row},
+        "loss_frame": set(loss_frame(surfaces.trace).columns),
+        "aux_loss_frame": set(aux_loss_frame(loss_frame(surfaces.trace)).columns),
+        "lab history": set(HISTORY_COLUMNS),
+        "lab charts": set(LAB_METRICS),
+        "whatif ep": set(ep) | set(ep["totals"]) | {k for row in ep["layers"] for k in row},
+    }
+    for surface, keys in names.items():
+        assert not keys & {"aux_loss", "balancedness"}, surface
+        for key in keys:
+            if "aux_loss" in key:
+                assert key.removesuffix("_balanced") in AUX_LOSS_FORMS, (surface, key)
+            if "entropy" in key:
+                assert key in ("load_entropy", "load_entropy_nats"), (surface, key)
+            if "balancedness" in key:
+                assert key in ("ep_balancedness", "ep_balancedness_over_layers"), (surface, key)

@@ -22,7 +22,7 @@ def ep_layers(seed: int = 0) -> pd.DataFrame:
     frame = pd.DataFrame({"layer": LAYERS})
     frame["max_gpu_load"] = rng.integers(20, 40, len(LAYERS))
     frame["mean_gpu_load"] = frame["max_gpu_load"] * rng.uniform(0.5, 1.0, len(LAYERS))
-    frame["balancedness"] = frame["mean_gpu_load"] / frame["max_gpu_load"]
+    frame["ep_balancedness"] = frame["mean_gpu_load"] / frame["max_gpu_load"]
     for column in ("local", "intra", "inter"):
         frame[f"dispatch_bytes_{column}"] = rng.integers(0, 10_000, len(LAYERS)) * 256
     frame["dispatch_bytes_nodedup"] = frame.filter(like="dispatch_bytes_").sum(axis=1) + 512
@@ -43,7 +43,7 @@ def test_balancedness_chart_groups_placements() -> None:
     both = pd.concat([ep_layers(0).assign(placement="contiguous"), ep_layers(1).assign(placement="eplb")])
     spec = spec_of(charts.balancedness_chart(both))
     data = data_of(spec)
-    assert data["balancedness"].tolist() == pytest.approx(both["balancedness"].tolist())
+    assert data["ep_balancedness"].tolist() == pytest.approx(both["ep_balancedness"].tolist())
     assert spec["encoding"]["xOffset"]["field"] == "placement"
 
 

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -22,9 +20,9 @@ def history() -> pd.DataFrame:
             "step": step,
             "train_loss": 8.0 - 0.3 * step,
             "heldout_loss": np.where(step % 4 == 0, 8.2 - 0.3 * step, np.nan),
-            "aux_loss": 1.0 + 0.01 * step,
+            "aux_loss_megatron": 1.0 + 0.01 * step,
             "router_z": 0.5 * step,
-            "load_entropy": np.linspace(math.log(EXPERTS), 0.2, STEPS),
+            "load_entropy": np.linspace(1.0, 0.2, STEPS),
             "dead_experts": np.minimum(step // 3, EXPERTS - 1),
             "collapsed": step >= 9,
         }

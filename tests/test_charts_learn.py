@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from moeviz.analysis.lesson import expert_token_share, router_walkthrough, token_weights_frame
-from moeviz.analysis.losses import aux_loss, router_probs
+from moeviz.analysis.losses import aux_loss_topk, router_probs
 from moeviz.analysis.reroute import RerouteSettings, aux_terms, reroute
 from moeviz.charts.learn import (
     aux_terms_chart,
@@ -72,7 +72,7 @@ def test_token_weights_of_a_top_k_reroute(softmax_routing) -> None:
 
 def test_aux_terms_chart_marks_the_even_term(softmax_routing) -> None:
     terms = aux_terms(softmax_routing)
-    assert terms["term"].sum() == pytest.approx(aux_loss(router_probs(softmax_routing), 2))
+    assert terms["term"].sum() == pytest.approx(aux_loss_topk(router_probs(softmax_routing), 2))
     data = data_of(aux_terms_chart(terms, k=2, title="t").to_dict())
     assert data["balanced"].unique().tolist() == [pytest.approx(2 / 6)]
     assert set(data["over"]) <= {"above the even value", "at or below it"}

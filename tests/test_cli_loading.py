@@ -90,8 +90,8 @@ def test_checkpoint_series_loads_with_the_given_dtype(corpus, tmp_path):
     what the float32 load routes): the load options reach every checkpoint."""
     from moeviz.models import load_model
     from moeviz.models.loading import sample_models_dir
-    from moeviz.store import StoreQuery, TraceSettings, trace_corpus
-    from moeviz.store.checkpoints import trace_series
+    from moeviz.store import StoreQuery, TraceSettings, write_corpus
+    from moeviz.store.checkpoints import write_series
 
     series_dir = sample_models_dir() / "mixtral-healthy-series"
     spec, folder = [series_dir / "step-00000", series_dir / "step-01000"], series_dir / "step-01000"
@@ -99,11 +99,11 @@ def test_checkpoint_series_loads_with_the_given_dtype(corpus, tmp_path):
     rows = (
         "SELECT seq, pos, layer, rank, expert, weight FROM rows WHERE checkpoint = 'step-01000' ORDER BY ALL"
     )
-    trace_series(spec, corpus, tmp_path / "bf16", settings=settings, progress=False, dtype="bfloat16")
-    trace_series(spec, corpus, tmp_path / "fp32", settings=settings, progress=False, dtype="float32")
+    write_series(spec, corpus, tmp_path / "bf16", settings=settings, progress=False, dtype="bfloat16")
+    write_series(spec, corpus, tmp_path / "fp32", settings=settings, progress=False, dtype="float32")
     loaded = load_model(folder, dtype="bfloat16")
     direct_store = tmp_path / "direct"
-    trace_corpus(loaded, corpus, direct_store, checkpoint="step-01000", settings=settings, progress=False)
+    write_corpus(loaded, corpus, direct_store, checkpoint="step-01000", settings=settings, progress=False)
     series, direct = StoreQuery(tmp_path / "bf16").sql(rows), StoreQuery(direct_store).sql(rows)
     assert len(series) > 0
     assert series.equals(direct)

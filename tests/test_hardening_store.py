@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from moeviz.cli import main
-from moeviz.store import StoreError, StoreQuery, TraceSettings, trace_corpus, validate_store
+from moeviz.store import StoreError, StoreQuery, TraceSettings, validate_store, write_corpus
 from moeviz.store.layout import MANIFEST_FILE, run_lock
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -24,7 +24,7 @@ CLI_ARGS = ["--batch-size", "4", "--chunk-tokens", "96", "--max-batches", "3", "
 @pytest.fixture(scope="module")
 def built(sample_model, corpus, tmp_path_factory):
     store = tmp_path_factory.mktemp("hardening") / "store"
-    trace_corpus(sample_model, corpus, store, settings=SETTINGS, progress=False)
+    write_corpus(sample_model, corpus, store, settings=SETTINGS, progress=False)
     return store
 
 
@@ -66,7 +66,7 @@ def test_every_bit_flip_is_detected_and_resume_retraces_the_part(built, sample_m
         with pytest.raises(StoreError, match=part.name):
             StoreQuery(store)
     # the last flip stays: --resume traces that batch again and the store is whole
-    trace_corpus(sample_model, corpus, store, settings=SETTINGS, resume=True, progress=False)
+    write_corpus(sample_model, corpus, store, settings=SETTINGS, resume=True, progress=False)
     assert validate_store(store) == []
     assert part.read_bytes() == original
     assert sorted(e["batch"] for e in _entries(run)) == [0, 1, 2]
@@ -161,7 +161,7 @@ def test_second_writer_is_refused_and_live_temp_files_survive(sample_model, corp
 
         def attempt() -> None:
             try:
-                trace_corpus(sample_model, corpus, store, settings=SETTINGS, resume=True, progress=False)
+                write_corpus(sample_model, corpus, store, settings=SETTINGS, resume=True, progress=False)
             except StoreError as exc:
                 refused.append(exc)
 
@@ -169,14 +169,14 @@ def test_second_writer_is_refused_and_live_temp_files_survive(sample_model, corp
         thread.start()
         thread.join()
 
-    trace_corpus(sample_model, corpus, store, settings=SETTINGS, progress=False, on_batch=second_writer)
+    write_corpus(sample_model, corpus, store, settings=SETTINGS, progress=False, on_batch=second_writer)
     assert len(refused) == 1 and f"pid {os.getpid()}" in str(refused[0])
     assert live[0].exists()  # the refused writer removed nothing
     assert validate_store(store) == []
     # after the first writer ends, a new one proceeds; a dead writer's temp file is removed
     dead = live[0].with_name(f".part-000010.parquet.{_dead_pid()}.tmp")
     dead.write_bytes(b"left by a kill")
-    run = trace_corpus(sample_model, corpus, store, settings=SETTINGS, resume=True, progress=False)
+    run = write_corpus(sample_model, corpus, store, settings=SETTINGS, resume=True, progress=False)
     assert run.complete and not dead.exists() and live[0].exists()
 
 

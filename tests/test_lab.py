@@ -19,7 +19,7 @@ import torch
 from moeviz.errors import InputError
 from moeviz.lab import PRESETS, LabBusy, LabConfig, LabRun, LabRunner
 from moeviz.lab.train import LOAD_WINDOW, capacity_keep
-from moeviz.scoring import expert_capacity
+from moeviz.scoring import capacity_ranks, expert_capacity
 
 TINY = LabConfig(experts=4, k=2, d_model=16, layers=2, batch=2, seq=16, steps=4, eval_every=2)
 
@@ -76,7 +76,7 @@ def test_dense_run_has_one_expert_doing_everything():
     history = run.run()
     loads = run.load_history()
     assert loads["load"].eq(1.0).all() and set(loads["expert"]) == {0}
-    assert history["aux_loss"].eq(1.0).all()  # E · f · P = 1 for one expert: no gradient
+    assert history["aux_loss_megatron"].eq(1.0).all()  # E · f · P = 1 for one expert: no gradient
     assert not history["collapsed"].any() and history["dead_experts"].eq(0).all()
     assert np.isfinite(history["train_loss"]).all()
 
@@ -147,7 +147,7 @@ def test_capacity_drops_equal_an_independent_count():
         router.weight.normal_(0, 1.0, generator=generator)  # skewed routing: plenty of drops
         hidden = torch.randn(TINY.batch * TINY.seq, TINY.d_model, generator=generator)
         _, weights, indices = router(hidden)
-    _, probs, _, kept = router.lab_record
+    _, probs, _, kept, _ = router.lab_record
     router.lab_recording, router.lab_record = False, None
     cap = max(1, expert_capacity(TINY.seq, TINY.k, TINY.experts, 0.75))
     assert cap == math.ceil(0.75 * TINY.seq * TINY.k / TINY.experts)
@@ -167,6 +167,23 @@ def test_capacity_drops_equal_an_independent_count():
     assert torch.equal(weights == 0, ~kept)
     # capacity_keep on its own: no drops when capacity exceeds every load
     assert capacity_keep(indices, probs, TINY.seq, 64.0).all()
+
+
+def test_capacity_keep_is_the_library_ranking():
+    """The Lab's torch capacity (`capacity_keep`) keeps exactly the slots `moeviz.scoring.capacity_ranks`
+    ranks below the capacity, with the router probability of each slot as its priority."""
+    generator = torch.Generator().manual_seed(5)
+    seq, k, experts, sequences = 16, 2, 4, 3
+    probs = torch.softmax(2 * torch.randn(sequences * seq, experts, generator=generator), dim=-1)
+    indices = torch.topk(probs, k, dim=-1).indices
+    for factor in (0.5, 0.75, 1.0):
+        keep = capacity_keep(indices, probs, seq, factor).reshape(-1).numpy()
+        group = np.repeat(np.arange(sequences * seq) // seq, k)
+        cell = group * experts + indices.reshape(-1).numpy()
+        priority = probs.gather(1, indices).reshape(-1).numpy()
+        cap = max(1, expert_capacity(seq, k, experts, factor))
+        np.testing.assert_array_equal(keep, capacity_ranks(cell, priority) < cap)
+        assert not keep.all()
 
 
 def test_collapse_verdict_on_constructed_loads():

@@ -16,7 +16,7 @@ from moeviz.report import LAYER_KEYS
 
 REQUIRED = [
     "layer",
-    "aux_loss",
+    "aux_loss_topk",
     "z_loss",
     "load_entropy",
     "max_share",
@@ -44,7 +44,8 @@ def test_json_numbers_match_independent_computations(tiny_model_dir, capsys):
     for row, routing in zip(out["layers"], trace.layers, strict=True):
         assert set(REQUIRED) <= set(row) and set(LAYER_KEYS) <= set(row)
         expected_aux = load_balancing_loss_func((torch.from_numpy(routing.logits),), routing.num_experts, 2)
-        assert row["aux_loss"] == pytest.approx(float(expected_aux), rel=1e-5)
+        assert row["aux_loss_topk"] == pytest.approx(float(expected_aux), rel=1e-5)
+        assert row["aux_loss_megatron"] == pytest.approx(float(expected_aux) / 2, rel=1e-5)
         lse = np.log(np.exp(routing.logits.astype(np.float64)).sum(1))
         assert row["z_loss"] == pytest.approx(float((lse**2).mean()), rel=1e-5)
         counts = np.bincount(routing.experts.ravel(), minlength=routing.num_experts)

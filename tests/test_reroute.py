@@ -9,7 +9,7 @@ import pytest
 
 import moeviz
 from moeviz.analysis import expert_balance_frame, loss_frame, loss_stats
-from moeviz.analysis.losses import aux_loss, router_probs
+from moeviz.analysis.losses import aux_loss_dispatched, router_probs
 from moeviz.analysis.reroute import RerouteSettings, max_k, reroute, reroute_layer
 from moeviz.errors import InputError
 from moeviz.interventions import ForceRouting, counterfactual
@@ -68,11 +68,11 @@ def test_captured_settings_and_the_hand_computed_aux_loss() -> None:
     )
     assert r.experts[1].tolist() == [3, 2]  # slots by weight, largest first
     # f = [2, 1, 2, 1] / 3, P = column means of p: E·Σ f P = 4·(2·.85 + .55 + 2·.9 + .7)/9 = 19/9
-    assert r.aux_loss == pytest.approx(19 / 9, rel=1e-6)
+    assert r.aux_loss_dispatched == pytest.approx(19 / 9, rel=1e-6)
     terms = r.per_expert_aux_terms
     np.testing.assert_allclose(terms["f"], [2 / 3, 1 / 3, 2 / 3, 1 / 3])
     np.testing.assert_allclose(terms["P"], [0.85 / 3, 0.55 / 3, 0.9 / 3, 0.7 / 3], rtol=1e-6)
-    assert terms["term"].sum() == pytest.approx(r.aux_loss, rel=1e-9)
+    assert terms["term"].sum() == pytest.approx(r.aux_loss_dispatched, rel=1e-9)
     assert r.load.tolist() == [2, 1, 2, 1]
 
 
@@ -109,7 +109,7 @@ def test_capacity_drops_the_smallest_weights_per_sequence() -> None:
     ]  # expert 0 keeps .571 > .467, expert 2 .533 > .429
     np.testing.assert_allclose(r.weights[1:, 1], 0.0)
     assert r.load.tolist() == [1, 1, 1, 1] and r.changed_tokens == 2
-    assert loss_stats(r.as_layer_routing()).aux_loss_dispatched == pytest.approx(r.aux_loss)
+    assert loss_stats(r.as_layer_routing()).aux_loss_dispatched == pytest.approx(r.aux_loss_dispatched)
     # two sequences (tokens 0–1 and 2): C = 1 in each, and no expert is over-full within one
     r = reroute(layer, RerouteSettings(k=2, capacity_factor=0.5), seqs=np.array([0, 0, 1]))
     assert r.dropped_slots == 0
@@ -173,10 +173,10 @@ def _assert_reproduces(trace: moeviz.Trace) -> None:
         )
         # every number is moeviz.analysis's, on the re-routed layer and on the captured one
         layer = r.as_layer_routing()
-        assert r.aux_loss == loss_stats(layer).aux_loss_dispatched
-        assert r.captured_aux_loss == losses.loc[routing.key, "aux_loss_dispatched"]
-        assert r.aux_loss == pytest.approx(r.captured_aux_loss, rel=1e-5)
-        assert r.per_expert_aux_terms["term"].sum() == pytest.approx(r.aux_loss, rel=1e-9)
+        assert r.aux_loss_dispatched == loss_stats(layer).aux_loss_dispatched
+        assert r.captured_aux_loss_dispatched == losses.loc[routing.key, "aux_loss_dispatched"]
+        assert r.aux_loss_dispatched == pytest.approx(r.captured_aux_loss_dispatched, rel=1e-5)
+        assert r.per_expert_aux_terms["term"].sum() == pytest.approx(r.aux_loss_dispatched, rel=1e-9)
         counts = expert_balance_frame(r.as_trace(trace))["count"].to_numpy()
         assert r.load.tolist() == counts.tolist() == r.captured_load.tolist()
 
@@ -203,8 +203,8 @@ def test_aux_loss_after_a_change_is_the_analysis_loss(mixtral) -> None:
     r = reroute_layer(trace, routing.layer, RerouteSettings(k=3, temperature=2.0, capacity_factor=0.5))
     layer = r.as_layer_routing()
     assert (
-        r.aux_loss
-        == aux_loss(router_probs(layer), selected=layer.experts)
+        r.aux_loss_dispatched
+        == aux_loss_dispatched(router_probs(layer), layer.experts)
         == loss_stats(layer).aux_loss_dispatched
     )
     assert r.dropped_slots == int((layer.experts < 0).sum()) > 0
@@ -232,3 +232,22 @@ def test_the_forced_rerun_is_the_counterfactual(mixtral) -> None:
     assert _sets(live) == _sets(r.experts)
     np.testing.assert_allclose(after.weights.max(axis=1), 1.0, rtol=1e-6)
     assert np.abs(cf.logprob_after - cf.logprob_before).max() > 1e-4
+
+
+def test_capacity_drops_are_the_capacity_replays(mixtral) -> None:
+    """The playground's capacity and `whatif capacity`'s probs policy rank an over-full expert's slots by
+    one implementation (`moeviz.scoring.capacity_ranks`): re-routing at CF drops per expert exactly what the
+    replay of the uncapped re-routing drops at that CF."""
+    from moeviz.whatif.capacity import replay_capacity
+    from moeviz.whatif.routes import routes_from_trace
+
+    _, trace = mixtral
+    routing = trace.layers[1]
+    uncapped = reroute_layer(trace, routing.layer, RerouteSettings(k=2))
+    routes = routes_from_trace(uncapped.as_trace(trace))
+    for cf in (0.5, 0.8, 1.0):
+        capped = reroute_layer(trace, routing.layer, RerouteSettings(k=2, capacity_factor=cf))
+        replayed = replay_capacity(routes, [cf], policy="probs").experts_frame()
+        dropped = uncapped.load - capped.load
+        np.testing.assert_array_equal(replayed["dropped"].to_numpy(), dropped)
+        assert capped.dropped_slots == int(replayed["dropped"].sum()) > 0

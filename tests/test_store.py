@@ -19,7 +19,7 @@ from moeviz.analysis import (
     vocabulary_token_frame,
 )
 from moeviz.analysis.losses import z_loss
-from moeviz.store import StoreError, StoreQuery, TraceSettings, iter_batches, trace_corpus, validate_store
+from moeviz.store import StoreError, StoreQuery, TraceSettings, iter_batches, validate_store, write_corpus
 from moeviz.store.checkpoints import checkpoint_timeline, render_timeline
 from moeviz.store.writer import write_trace
 from moeviz.trace import LayerRouting, ModelInfo, Trace
@@ -32,7 +32,7 @@ SETTINGS = TraceSettings(batch_size=4, chunk_tokens=96, max_batches=None)
 def traced(sample_model, corpus, tmp_path_factory):
     """(store, the same batches captured in memory and concatenated, seq_domains)."""
     store = tmp_path_factory.mktemp("store")
-    trace_corpus(sample_model, corpus, store, settings=SETTINGS, progress=False)
+    write_corpus(sample_model, corpus, store, settings=SETTINGS, progress=False)
     tokenize = lambda text: sample_model.tokenizer(text)["input_ids"]  # noqa: E731
     batches = list(iter_batches(corpus, tokenize, SETTINGS.chunk_tokens, SETTINGS.batch_size))
     trace = Trace.concat([moeviz.capture(sample_model, token_ids=b.token_ids) for b in batches])
@@ -137,9 +137,9 @@ def test_corrupt_part_is_reported(traced, tmp_path):
 
 def test_tracing_twice_without_resume_is_refused(traced, sample_model, corpus):
     with pytest.raises(StoreError, match="--resume"):
-        trace_corpus(sample_model, corpus, traced[0], settings=SETTINGS, progress=False)
+        write_corpus(sample_model, corpus, traced[0], settings=SETTINGS, progress=False)
     with pytest.raises(StoreError, match="settings differ"):
-        trace_corpus(
+        write_corpus(
             sample_model, corpus, traced[0], settings=TraceSettings(batch_size=2), resume=True, progress=False
         )
 
@@ -235,3 +235,20 @@ def test_checkpoint_saturation_and_first_crossing_known_answers(tmp_path):
     assert (drift[drift["expert"] < 2]["load"] == n).all()
     text = render_timeline(timeline)
     assert "layer 1 dead_fraction collapsed: step-2" in text
+
+
+def test_every_corpus_writer_takes_the_run_keywords_first():
+    """`write_corpus`, `write_series` and their Ray versions share one keyword set for the run they write
+    (RUN_KEYWORDS, same order and defaults), so one dict of them serves every path of `moeviz trace`."""
+    import inspect
+
+    from moeviz.store import RUN_KEYWORDS, write_corpus, write_series
+    from moeviz.store.distributed import write_corpus_ray, write_series_ray
+
+    defaults = None
+    for writer in (write_corpus, write_series, write_corpus_ray, write_series_ray):
+        keywords = [p for p in inspect.signature(writer).parameters.values() if p.kind is p.KEYWORD_ONLY]
+        assert tuple(p.name for p in keywords[: len(RUN_KEYWORDS)]) == RUN_KEYWORDS, writer.__name__
+        mine = [p.default for p in keywords[: len(RUN_KEYWORDS)]]
+        assert defaults is None or mine == defaults, writer.__name__
+        defaults = mine

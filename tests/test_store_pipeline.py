@@ -11,7 +11,7 @@ import pytest
 
 import moeviz
 from moeviz.errors import InputError
-from moeviz.store import StoreQuery, TraceSettings, iter_batches, layout, trace_corpus
+from moeviz.store import StoreQuery, TraceSettings, iter_batches, layout, write_corpus
 from moeviz.store.layout import MANIFEST_FILE, read_manifest, run_dir
 from moeviz.store.schema import input_token_columns, trace_table
 from moeviz.store.writer import batch_rows, capture_batch, corpus_tokenizer
@@ -38,7 +38,7 @@ def test_parts_hold_the_rows_of_each_batch_and_the_manifest_is_not_reread(
     looks = []
     real = layout._ends_with_newline
     monkeypatch.setattr(layout, "_ends_with_newline", lambda path: looks.append(path) or real(path))
-    run = trace_corpus(sample_model, corpus, tmp_path / "store", settings=SETTINGS, progress=False)
+    run = write_corpus(sample_model, corpus, tmp_path / "store", settings=SETTINGS, progress=False)
     batches = _batches(sample_model, corpus)
     assert run.complete and len(run.parts) == len(batches) > 2
     assert len(looks) <= 1  # only before the writer's own first line
@@ -62,7 +62,7 @@ def test_a_plan_error_comes_after_the_batches_before_it(sample_model, corpus, tm
     good = _batches(sample_model, corpus)
     store = tmp_path / "store"
     with pytest.raises(InputError, match="not UTF-8"):
-        trace_corpus(sample_model, bad, store, model="m", settings=SETTINGS, progress=False)
+        write_corpus(sample_model, bad, store, model="m", settings=SETTINGS, progress=False)
     done = read_manifest(run_dir(store, "m", "final") / MANIFEST_FILE)
     # every full batch planned before the bad file was traced and written; the run is not finished
     full = [b for b in good if len(b.token_ids) == SETTINGS.batch_size]
@@ -71,7 +71,7 @@ def test_a_plan_error_comes_after_the_batches_before_it(sample_model, corpus, tm
 
 
 def test_interrupted_run_stops_its_threads_and_resumes_to_the_same_rows(sample_model, corpus, tmp_path):
-    whole = trace_corpus(
+    whole = write_corpus(
         sample_model, corpus, tmp_path / "whole", model="m", settings=SETTINGS, progress=False
     )
 
@@ -81,13 +81,13 @@ def test_interrupted_run_stops_its_threads_and_resumes_to_the_same_rows(sample_m
 
     store = tmp_path / "store"
     with pytest.raises(KeyboardInterrupt):
-        trace_corpus(
+        write_corpus(
             sample_model, corpus, store, model="m", settings=SETTINGS, progress=False, on_batch=interrupt
         )
     assert not _pipeline_threads()
     done = read_manifest(run_dir(store, "m", "final") / MANIFEST_FILE)
     assert sorted(done) == [0, 1]  # both queued batches were drained to disk
-    resumed = trace_corpus(
+    resumed = write_corpus(
         sample_model, corpus, store, model="m", settings=SETTINGS, resume=True, progress=False
     )
     assert resumed.complete and resumed.rows == whole.rows

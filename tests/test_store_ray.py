@@ -20,14 +20,14 @@ import torch
 
 from moeviz.cli import main
 from moeviz.samples import eval_dir
-from moeviz.store import StoreError, StoreQuery, TraceSettings, list_runs, trace_corpus, validate_store
-from moeviz.store.checkpoints import trace_series
+from moeviz.store import StoreError, StoreQuery, TraceSettings, list_runs, validate_store, write_corpus
+from moeviz.store.checkpoints import write_series
 
 # CI installs moeviz[ray] (make setup), so this runs there; it skips only for an install without the extra
 ray = pytest.importorskip("ray")
 
 from moeviz.store import distributed  # noqa: E402  (after the skip: it is usable only with ray)
-from moeviz.store.distributed import RayOptions, trace_corpus_ray, trace_series_ray  # noqa: E402
+from moeviz.store.distributed import RayOptions, write_corpus_ray, write_series_ray  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 REPO = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def single(sample_model, corpus, tmp_path_factory):
     """The reference: the same corpus traced by one process."""
     store = tmp_path_factory.mktemp("single") / "store"
     with one_thread():
-        trace_corpus(sample_model, corpus, store, settings=SETTINGS, progress=False)
+        write_corpus(sample_model, corpus, store, settings=SETTINGS, progress=False)
     return store
 
 
@@ -122,19 +122,19 @@ def test_interrupted_runs_resume_across_paths_to_the_same_store(
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt), one_thread():
-        trace_corpus(sample_model, corpus, store, settings=SETTINGS, progress=False, on_batch=stop)
+        write_corpus(sample_model, corpus, store, settings=SETTINGS, progress=False, on_batch=stop)
     assert sorted(list_runs(store)[0].parts) == [0, 1, 2, 3]
     with pytest.raises(StoreError, match="--resume"):  # refused before any worker loads the model
-        trace_corpus_ray(SAMPLE, corpus, store, settings=SETTINGS, progress=False, options=TWO)
+        write_corpus_ray(SAMPLE, corpus, store, settings=SETTINGS, progress=False, options=TWO)
     _interrupt_at(monkeypatch, 7)
     with pytest.raises(KeyboardInterrupt):
-        trace_corpus_ray(SAMPLE, corpus, store, settings=SETTINGS, progress=False, options=TWO, resume=True)
+        write_corpus_ray(SAMPLE, corpus, store, settings=SETTINGS, progress=False, options=TWO, resume=True)
     run = list_runs(store)[0]
     # the batches handed out before Ctrl-C finished and were recorded; the run is not complete
     assert not run.complete and sorted(run.parts) == [0, 1, 2, 3, 4, 5, 6]
     monkeypatch.undo()
     # resumed with the model placed by a device map: the load keywords reach the workers
-    trace_corpus_ray(
+    write_corpus_ray(
         SAMPLE, corpus, store, settings=SETTINGS, progress=False, options=TWO, resume=True,
         device_map={"": "cpu"},
     )  # fmt: skip
@@ -146,9 +146,9 @@ def test_series_on_ray_equals_single_process(cluster, corpus, tmp_path):
     spec = [series / "step-00000", series / "step-01000"]
     settings = TraceSettings(batch_size=4, chunk_tokens=96, max_batches=4)
     with one_thread():
-        trace_series(spec, corpus, tmp_path / "single", settings=settings, progress=False)
+        write_series(spec, corpus, tmp_path / "single", settings=settings, progress=False)
     one = RayOptions(workers=1)  # one worker per checkpoint keeps this test short
-    _, labels = trace_series_ray(
+    _, labels = write_series_ray(
         spec, corpus, tmp_path / "ray", settings=settings, progress=False, options=one
     )
     assert labels == ["step-00000", "step-01000"]

@@ -13,18 +13,18 @@ from moeviz.whatif.capacity import expert_capacity, replay_capacity
 from moeviz.whatif.routes import LayerRoutes, Routes
 
 
-def make_routes(experts_per_layer, weights_per_layer, streams, num_experts) -> Routes:
+def make_routes(experts_per_layer, weights_per_layer, seqs, num_experts) -> Routes:
     layers = []
     for li, (ex, w) in enumerate(zip(experts_per_layer, weights_per_layer, strict=True)):
-        stream = np.asarray(streams, dtype=np.int64)
-        pos = np.concatenate([np.arange(c) for c in np.bincount(stream)]) if len(stream) else stream
+        seq = np.asarray(seqs, dtype=np.int64)
+        pos = np.concatenate([np.arange(c) for c in np.bincount(seq)]) if len(seq) else seq
         layers.append(
             LayerRoutes(
                 layer=li,
                 site="decoder",
                 experts=np.asarray(ex, dtype=np.int64),
                 weights=np.asarray(w, dtype=np.float32),
-                stream=stream,
+                seq=seq,
                 pos=pos,
                 num_experts=num_experts,
             )
@@ -41,7 +41,7 @@ def test_capacity_rounding():
     assert expert_capacity(3, 1, 3, 1.25) == 2
 
 
-# Hand-computed: one stream of 4 tokens, k = 2, E = 4, CF = 1.0 → C = ceil(4·2/4·1) = 2.
+# Hand-computed: one seq of 4 tokens, k = 2, E = 4, CF = 1.0 → C = ceil(4·2/4·1) = 2.
 # Expert 0 is chosen by tokens 0 (w .6), 1 (w .5), 2 (w .6), 3 (w .9); everyone else fits.
 #   probs:    keep 3 (.9), then the tie .6 goes to the earlier token 0 → drop tokens 1, 2 at expert 0
 #   position: keep tokens 0, 1 → drop tokens 2, 3 at expert 0
@@ -86,12 +86,12 @@ def test_model_dropped_slots_are_not_replay_drops():
     assert row.assigned == 3 and row.dropped == 0 and row.tokens_all_dropped == 0
 
 
-def reference_drops(experts, weights, streams, num_experts, cf, policy):
-    """Per stream, per expert: gather its assignments, sort by the policy, drop past capacity."""
+def reference_drops(experts, weights, seqs, num_experts, cf, policy):
+    """Per seq, per expert: gather its assignments, sort by the policy, drop past capacity."""
     k = experts.shape[1]
     dropped = np.zeros(experts.shape, dtype=bool)
-    for s in np.unique(streams):
-        rows = np.flatnonzero(streams == s)
+    for s in np.unique(seqs):
+        rows = np.flatnonzero(seqs == s)
         cap = math.ceil((len(rows) * k / num_experts) * cf)
         for e in range(num_experts):
             slots = [(t, j) for t in rows for j in range(k) if experts[t, j] == e]
@@ -110,14 +110,14 @@ def test_equals_per_expert_loop(policy, seed):
     experts = np.stack([rng.choice(num_experts, size=k, replace=False) for _ in range(n)])
     experts[rng.random((n, k)) < 0.05] = -1
     weights = np.round(rng.random((n, k)), 1).astype(np.float32)  # coarse: many ties
-    streams = np.sort(rng.integers(0, 5, n))
-    routes = make_routes([experts, experts[::-1]], [weights, weights[::-1]], streams, num_experts)
+    seqs = np.sort(rng.integers(0, 5, n))
+    routes = make_routes([experts, experts[::-1]], [weights, weights[::-1]], seqs, num_experts)
     cfs = [0.5, 1.0, 1.25, 2.0]
     result = replay_capacity(routes, cfs=cfs, policy=policy, buckets=3)
     frame = result.layers_frame().set_index(["layer", "cf"])
     for li, (ex, w) in enumerate([(experts, weights), (experts[::-1], weights[::-1])]):
         for cf in cfs:
-            ref = reference_drops(ex, w, streams, num_experts, cf, policy)
+            ref = reference_drops(ex, w, seqs, num_experts, cf, policy)
             assert frame.loc[(li, cf), "dropped"] == ref.sum()
             kept = ((ex >= 0) & ~ref).sum(1)
             assert frame.loc[(li, cf), "tokens_all_dropped"] == np.sum(((ex >= 0).sum(1) > 0) & (kept == 0))
@@ -130,7 +130,7 @@ def test_decode_steps_never_drop_and_large_cf_never_drops():
     n, num_experts = 50, 8
     experts = np.stack([rng.choice(num_experts, size=2, replace=False) for _ in range(n)])
     weights = rng.random((n, 2)).astype(np.float32)
-    single = make_routes([experts], [weights], np.arange(n), num_experts)  # every stream one token: T = 1
+    single = make_routes([experts], [weights], np.arange(n), num_experts)  # every seq one token: T = 1
     assert replay_capacity(single, cfs=[0.01, 1.0]).layers_frame()["dropped"].sum() == 0
     one = make_routes([experts], [weights], np.zeros(n, dtype=int), num_experts)
     assert replay_capacity(one, cfs=[num_experts / 2]).layers_frame()["dropped"].sum() == 0

@@ -60,14 +60,22 @@ def test_ep_json_schema_and_library(capsys, loaded, routes):
     from moeviz.whatif.model_size import expert_flops_per_token
 
     got = whatif(capsys, "ep", *PROMPT, *EP_FLAGS)
-    assert {"model", "tokens", "placement", "balancedness", "layers", "totals", "definition"} <= got.keys()
+    assert {
+        "model",
+        "tokens",
+        "placement",
+        "ep_balancedness_over_layers",
+        "layers",
+        "totals",
+        "definition",
+    } <= got.keys()
     assert got["model"] == MODEL and got["placement"] == "eplb" and got["tokens"] == routes.tokens
     assert got["same_data"] is True and "same tokens" in got["fit"]
     check_rows(
         got["layers"],
         {
             "layer": int,
-            "balancedness": float,
+            "ep_balancedness": float,
             "gpu_load": list,
             "dispatch_bytes_local": int,
             "dispatch_bytes_intra": int,
@@ -231,7 +239,7 @@ def test_bad_flags_are_usage_errors(capsys, args, message):
 
 
 def test_store_input_equals_library(capsys, loaded, tmp_path):
-    from moeviz.store import TraceSettings, trace_corpus
+    from moeviz.store import TraceSettings, write_corpus
     from moeviz.whatif.capacity import replay_capacity
     from moeviz.whatif.routes import routes_from_store
 
@@ -240,10 +248,10 @@ def test_store_input_equals_library(capsys, loaded, tmp_path):
     for i in range(2):
         (corpus / f"doc{i}.txt").write_text(TEXT * (i + 1), encoding="utf-8")
     store = tmp_path / "store"
-    trace_corpus(loaded, corpus, store, settings=TraceSettings(batch_size=2, chunk_tokens=64), progress=False)
+    write_corpus(loaded, corpus, store, settings=TraceSettings(batch_size=2, chunk_tokens=64), progress=False)
     routes = routes_from_store(store)
     got = whatif(capsys, "capacity", "--model", MODEL, "--store", str(store), "--cf", "1.0")
     assert got["layers"] == plain(replay_capacity(routes, [1.0]).to_json()["layers"])
-    assert got["tokens"] == routes.tokens and routes.streams > 1
+    assert got["tokens"] == routes.tokens and routes.sequences > 1
     ep = whatif(capsys, "ep", "--model", MODEL, "--store", str(store), *EP_FLAGS, "--fit-fraction", "0.5")
     assert ep["fit"].startswith("fitted on sequences") and ep["same_data"] is False

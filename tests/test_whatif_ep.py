@@ -13,11 +13,11 @@ from moeviz.whatif.eplb import balanced_packing, rebalance_experts, replicate_ex
 from moeviz.whatif.routes import LayerRoutes, Routes
 
 
-def _routes(experts, num_experts: int, streams=None, n_group=None, layers: int = 1) -> Routes:
+def _routes(experts, num_experts: int, seqs=None, n_group=None, layers: int = 1) -> Routes:
     experts = np.asarray(experts, dtype=np.int64)
     n = len(experts)
-    stream = np.zeros(n, dtype=np.int64) if streams is None else np.asarray(streams, dtype=np.int64)
-    pos = np.concatenate([np.arange(c) for c in np.bincount(stream)])
+    seq = np.zeros(n, dtype=np.int64) if seqs is None else np.asarray(seqs, dtype=np.int64)
+    pos = np.concatenate([np.arange(c) for c in np.bincount(seq)])
     return Routes(
         model="tiny",
         layers=[
@@ -26,7 +26,7 @@ def _routes(experts, num_experts: int, streams=None, n_group=None, layers: int =
                 site="decoder",
                 experts=experts,
                 weights=np.where(experts >= 0, 0.5, 0.0).astype(np.float32),
-                stream=stream,
+                seq=seq,
                 pos=pos,
                 num_experts=num_experts,
                 n_group=n_group,
@@ -113,7 +113,7 @@ def test_tiny_two_nodes_of_one_gpu():
     result = simulate_ep(_routes(TINY, 4), _tiny_config())
     row = result.layers_frame().iloc[0]
     assert result.gpu_load.tolist() == [[5, 2]]
-    assert row.balancedness == pytest.approx(0.7)
+    assert row.ep_balancedness == pytest.approx(0.7)
     assert row.dispatch_bytes_local == 3 * MSG
     assert row.dispatch_bytes_intra == 0
     assert row.dispatch_bytes_inter == 2 * MSG
@@ -160,7 +160,7 @@ def test_json_is_plain_and_complete():
         "model",
         "tokens",
         "placement",
-        "balancedness",
+        "ep_balancedness_over_layers",
         "definition",
         "same_data",
         "layers",
@@ -170,7 +170,7 @@ def test_json_is_plain_and_complete():
     assert data["layers"][0]["gpu_load"] == [5, 2]
     assert data["layers"][0]["comm_share"] is None
     assert data["totals"]["dispatch_bytes_inter"] == 2 * 2 * MSG
-    assert data["balancedness"] == pytest.approx(7 / 10)  # (3.5 + 3.5) / (5 + 5)
+    assert data["ep_balancedness_over_layers"] == pytest.approx(7 / 10)  # (3.5 + 3.5) / (5 + 5)
     frame = result.gpu_load_frame()
     assert frame.columns.tolist() == ["layer", "gpu", "load"] and len(frame) == 4
 
@@ -232,7 +232,7 @@ def _blocky_routes(tokens: int, seed: int) -> Routes:
     block = rng.integers(0, 4, tokens)
     pick = np.argsort(rng.random((tokens, 4)), axis=1)[:, :2]
     experts = block[:, None] + 4 * pick
-    return _routes(experts, 16, streams=np.repeat(np.arange(8), tokens // 8))
+    return _routes(experts, 16, seqs=np.repeat(np.arange(8), tokens // 8))
 
 
 def test_traffic_cuts_inter_node_bytes_out_of_sample_and_stays_balanced():
@@ -251,7 +251,7 @@ def test_traffic_cuts_inter_node_bytes_out_of_sample_and_stays_balanced():
     assert row.dispatch_bytes_inter < 0.7 * base.dispatch_bytes_inter
     assert row.dispatch_bytes_node_dedup_rdma <= base.dispatch_bytes_node_dedup_rdma
     assert not moved.same_data
-    assert moved.balancedness > 0.85
+    assert moved.ep_balancedness_over_layers > 0.85
 
 
 def test_traffic_respects_balance_slack_in_sample():

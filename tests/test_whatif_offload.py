@@ -16,10 +16,10 @@ from moeviz.whatif.routes import LayerRoutes, Routes
 
 
 def make_routes(layers: list[list[list[list[int]]]], experts: int) -> Routes:
-    """layers[l][stream][step] = that token's expert list (-1 = dropped slot); all lists of one width k."""
+    """layers[l][seq][step] = that token's expert list (-1 = dropped slot); all lists of one width k."""
     out = []
-    for li, streams in enumerate(layers):
-        rows = [(s, p, e) for s, steps in enumerate(streams) for p, e in enumerate(steps)]
+    for li, seqs in enumerate(layers):
+        rows = [(s, p, e) for s, steps in enumerate(seqs) for p, e in enumerate(steps)]
         ex = np.array([e for _, _, e in rows], dtype=np.int64)
         out.append(
             LayerRoutes(
@@ -27,7 +27,7 @@ def make_routes(layers: list[list[list[list[int]]]], experts: int) -> Routes:
                 site="decoder",
                 experts=ex,
                 weights=np.ones(ex.shape, dtype=np.float32),
-                stream=np.array([s for s, _, _ in rows], dtype=np.int64),
+                seq=np.array([s for s, _, _ in rows], dtype=np.int64),
                 pos=np.array([p for _, p, _ in rows], dtype=np.int64),
                 num_experts=experts,
             )
@@ -36,7 +36,7 @@ def make_routes(layers: list[list[list[list[int]]]], experts: int) -> Routes:
 
 
 def reference(steps: list[list[int]], cache: int, policy: str) -> list[int]:
-    """Plain per-step simulation of one stream: misses at each step. Obviously correct, slow."""
+    """Plain per-step simulation of one seq: misses at each step. Obviously correct, slow."""
     needs = [sorted({e for e in s if e >= 0}) for s in steps]
     resident: list[int] = []
     last: dict[int, tuple[int, int]] = {}  # expert -> (step, order of its touch within the step)
@@ -72,7 +72,7 @@ def victim_key(e: int, t: int, steps, last, count, policy: str):
 def random_layers(rng, layers: int, experts: int, k: int) -> list:
     out = []
     for _ in range(layers):
-        streams = []
+        seqs = []
         for _ in range(int(rng.integers(1, 5))):
             length = int(rng.integers(1, 30))
             steps = []
@@ -81,8 +81,8 @@ def random_layers(rng, layers: int, experts: int, k: int) -> list:
                 if rng.random() < 0.15:
                     chosen[int(rng.integers(k))] = -1  # a slot the model's capacity dropped
                 steps.append(chosen)
-            streams.append(steps)
-        out.append(streams)
+            seqs.append(steps)
+        out.append(seqs)
     return out
 
 
@@ -95,8 +95,8 @@ def test_vectorised_equals_reference(policy, seed):
     for cache in range(k, experts + 2):
         result = simulate_offload(make_routes(layers, experts), cache, policy, expert_bytes=10)
         per_step = {}
-        for li, streams in enumerate(layers):
-            ref = [reference(steps, cache, policy) for steps in streams]
+        for li, seqs in enumerate(layers):
+            ref = [reference(steps, cache, policy) for steps in seqs]
             assert result.misses[li] == sum(map(sum, ref)), (policy, seed, cache, li)
             for r in ref:
                 for t, m in enumerate(r):
@@ -104,7 +104,7 @@ def test_vectorised_equals_reference(policy, seed):
         assert result.step_misses.tolist() == [per_step[t] for t in range(len(per_step))]
 
 
-# Hand-worked, cache of 2, one stream, k = 1 (expert per step), H = hit, M = miss:
+# Hand-worked, cache of 2, one seq, k = 1 (expert per step), H = hit, M = miss:
 #   steps   0 1 0 2 0 1 1 2
 #   LRU:    M M H M(evicts 1) H M(evicts 2) H M(evicts 0)          -> 3 hits
 #   LFU:    M M H M(evicts 1: count 1 vs 0's 2) H M(evicts 2: 1 vs 3) H(1: count 2) M(evicts 1: 2 vs 0's 3)
@@ -209,8 +209,8 @@ def test_cache_of_all_experts_only_cold_misses(policy):
     layers = random_layers(rng, 2, 5, 2)
     for cache in (5, 9):
         result = simulate_offload(make_routes(layers, 5), cache, policy, expert_bytes=1)
-        for li, streams in enumerate(layers):
-            cold = sum(len({e for s in steps for e in s if e >= 0}) for steps in streams)
+        for li, seqs in enumerate(layers):
+            cold = sum(len({e for s in steps for e in s if e >= 0}) for steps in seqs)
             assert result.misses[li] == cold
 
 

@@ -7,7 +7,7 @@ import pytest
 
 import moeviz
 from moeviz.errors import InputError
-from moeviz.store import TraceSettings, iter_batches, trace_corpus
+from moeviz.store import TraceSettings, iter_batches, write_corpus
 from moeviz.trace import Trace
 from moeviz.whatif import routes_from_store, routes_from_trace
 
@@ -18,7 +18,7 @@ SETTINGS = TraceSettings(batch_size=4, chunk_tokens=64, max_batches=2)
 @pytest.fixture(scope="module")
 def store_and_trace(sample_model, corpus, tmp_path_factory):
     store = tmp_path_factory.mktemp("whatif_store")
-    trace_corpus(sample_model, corpus, store, settings=SETTINGS, progress=False)
+    write_corpus(sample_model, corpus, store, settings=SETTINGS, progress=False)
     tokenize = lambda text: sample_model.tokenizer(text)["input_ids"]  # noqa: E731
     batches = list(iter_batches(corpus, tokenize, SETTINGS.chunk_tokens, SETTINGS.batch_size))[:2]
     trace = Trace.concat([moeviz.capture(sample_model, token_ids=b.token_ids) for b in batches])
@@ -33,12 +33,12 @@ def test_store_routes_equal_trace_routes(store_and_trace):
     for a, b in zip(from_store.layers, from_trace.layers, strict=True):
         np.testing.assert_array_equal(a.experts, b.experts)
         np.testing.assert_allclose(a.weights, b.weights, rtol=1e-6)
-        np.testing.assert_array_equal(a.stream, b.stream)
+        np.testing.assert_array_equal(a.seq, b.seq)
         np.testing.assert_array_equal(a.pos, b.pos)
         assert a.num_experts == b.num_experts == 8
-        # sorted by (stream, pos), positions restart in each stream
-        assert np.all(np.diff(a.stream) >= 0)
-        same = np.diff(a.stream) == 0
+        # sorted by (seq, pos), positions restart in each seq
+        assert np.all(np.diff(a.seq) >= 0)
+        same = np.diff(a.seq) == 0
         assert np.all(np.diff(a.pos)[same] == 1)
 
 
@@ -47,7 +47,7 @@ def test_split_never_shares_a_sequence(store_and_trace):
     routes = routes_from_trace(trace)
     fit, rest, how = routes.split(0.5)
     assert fit.tokens + rest.tokens == routes.tokens
-    assert not set(fit.layers[0].stream) & set(rest.layers[0].stream)
+    assert not set(fit.layers[0].seq) & set(rest.layers[0].seq)
     assert "sequences" in how
     single = routes_from_trace(Trace(model=trace.model, tokens=trace.tokens, layers=trace.layers[:1]))
     assert single.layers[0].layer == trace.layers[0].layer

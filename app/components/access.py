@@ -9,10 +9,9 @@ from typing import Literal
 
 import moeviz
 from moeviz.errors import ModelSourceError
-from moeviz.models.loading import DEFAULT_SAMPLE
+from moeviz.models.loading import DEFAULT_SAMPLE, SAMPLE_PREFIX
 from moeviz.settings import current_settings
 
-SAMPLE_PREFIX = "sample:"
 LOCAL_FOLDER = "Local folder…"
 LAB_PREFIX = "lab: "  # a model trained on the Lab page, in its session's picker only
 

@@ -16,7 +16,7 @@ from components.errors import stop_on_error
 from moeviz.analysis import lineage
 from moeviz.models.loading import sample_models_dir
 from moeviz.samples import write_eval_prefix
-from moeviz.store import TraceSettings, trace_corpus
+from moeviz.store import TraceSettings, write_corpus
 from moeviz.store.checkpoints import CheckpointTimeline, checkpoint_timeline, resolve_series
 
 WINDOWS, WINDOW_TOKENS = 2, 256  # the fixed token set per domain: small, so a series runs in seconds
@@ -72,7 +72,7 @@ def small_corpus(series: str, first_folder: str) -> str:
 def traced_checkpoint(series: str, label: str, folder: str, index: int) -> str:
     """Trace one checkpoint of `series` into its store (once per server process; resumable)."""
     name, checkpoints = resolve_series(series)
-    trace_corpus(
+    write_corpus(
         moeviz.load_model(folder),
         small_corpus(series, str(checkpoints[0][1])),
         series_store(series),

@@ -13,7 +13,7 @@ import moeviz
 from components import access, caches, load_options, pickers
 from components.errors import stop_on_error
 from moeviz.samples import DOMAINS, write_eval_prefix
-from moeviz.store import StoreError, StoreQuery, TraceSettings, trace_corpus
+from moeviz.store import StoreError, StoreQuery, TraceSettings, write_corpus
 from moeviz.store.writer import default_label
 
 BUILD = "Build a small store from the evaluation corpus"
@@ -63,7 +63,7 @@ def _build_sample_store(source: str, bar) -> str:
     label = text.removeprefix(access.SAMPLE_PREFIX).replace("/", "-")  # sample:series/step, org/name
     if Path(text).is_dir():  # a local folder: its name (a full path is no store label)
         label = default_label(text)
-    trace_corpus(loaded, corpus, store, model=label, settings=settings, progress=False, on_batch=step)
+    write_corpus(loaded, corpus, store, model=label, settings=settings, progress=False, on_batch=step)
     return store
 
 

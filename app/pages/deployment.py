@@ -61,7 +61,7 @@ with stop_on_error():
 first = routes.layers[0]
 experts, k = first.num_experts, first.k
 st.caption(
-    f"{trace.model.architecture} · {routes.tokens} tokens in {routes.streams} sequence(s) · "
+    f"{trace.model.architecture} · {routes.tokens} tokens in {routes.sequences} sequence(s) · "
     f"{len(routes.layers)} MoE layers · {experts} experts, top-{k} · replayed from {replayed}"
 )
 if stored is not None:
@@ -157,9 +157,9 @@ if ep_tab.open is not False:
             totals, plain = after.totals(), before.totals()
             m1, m2, m3 = st.columns(3)
             m1.metric(
-                "Balancedness",
-                f"{totals['balancedness']:.3f}",
-                delta=f"contiguous: {plain['balancedness']:.3f}",
+                "ep_balancedness_over_layers",
+                f"{totals['ep_balancedness_over_layers']:.3f}",
+                delta=f"contiguous: {plain['ep_balancedness_over_layers']:.3f}",
                 delta_color="off",
                 delta_arrow="off",
                 help="vLLM's Σ_l mean_g load / Σ_l max_g load (1 = every GPU equally loaded)",

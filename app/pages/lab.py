@@ -1,7 +1,6 @@
 """Lab: train a small Mixtral-style MoE live on the sample corpus; watch its experts balance, or collapse."""
 
 import functools
-import math
 from dataclasses import asdict, fields
 
 import streamlit as st
@@ -34,7 +33,8 @@ CONTROLS = {
         1.0,
         0.005,
         "%.3f",
-        "Weight of the Switch/GShard loss E·Σ f·P (1 when even). 0 = no balancing (hub experts); "
+        "Weight of the aux loss in Megatron form (aux_loss_megatron, E·Σ f·P with f divided by k: 1 when "
+        "even). 0 = no balancing (hub experts); "
         "negative rewards concentration (collapse).",
     ),
     "z_coef": (
@@ -301,7 +301,7 @@ def live() -> None:
             lab_load_chart(load, layer, config.experts, steps=config.steps, collapse_step=collapse_step),
             "lab_load",
         )
-    even = math.log(config.experts) if config.experts > 1 else None
+    even = 1.0 if config.experts > 1 else None  # the normalised load entropy of an even load
     for column, metric in zip(
         st.columns(3, gap="medium"), ("load_entropy", "dead_experts", "router_z"), strict=True
     ):
@@ -315,8 +315,8 @@ def live() -> None:
             )
             _chart(chart, f"lab_{metric}")
     st.caption(
-        "**Load entropy**: of each layer's load over its experts, in nats, mean over the layers "
-        "(log E = even, 0 = one expert takes every token). **Dead experts**: experts that got no token in "
+        "**Load entropy**: of each layer's load over its experts, normalised by log E, mean over the layers "
+        "(1 = even, 0 = one expert takes every token). **Dead experts**: experts that got no token in "
         "the last steps, summed over the layers. **Router z-loss**: mean over tokens of "
         "(log Σ exp router logits)², mean over the layers: how large the router's logits grow. Red dashes: "
         "the step where moeviz's collapse verdict (the Load & collapse page's) first tripped."

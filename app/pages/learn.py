@@ -10,6 +10,7 @@ from components import learn as lesson_ui
 from components.widgets import kept
 
 from moeviz.analysis import balance_stats, expert_balance_frame
+from moeviz.analysis.balance import balance_from_counts
 from moeviz.analysis.lesson import (
     expert_parameters,
     expert_token_share,
@@ -17,7 +18,6 @@ from moeviz.analysis.lesson import (
     shared_fraction,
     token_weights_frame,
 )
-from moeviz.analysis.load import balance_from_counts
 from moeviz.analysis.losses import bias_stats
 from moeviz.analysis.reroute import RerouteSettings, aux_terms, reroute
 from moeviz.architecture import parameter_summary
@@ -196,7 +196,12 @@ def aux_loss_step() -> None:
         exports.show_chart(
             aux_terms_chart(terms, k=k, title=f"Terms E·f_e·P_e, MoE layer {layer}"), "learn_aux"
         )
-    metrics.metric("Aux loss L", f"{loss:.4f}", help="E · Σ_e f_e · P_e, unscaled (α = 1)", width="content")
+    metrics.metric(
+        "Aux loss L, top-k form",
+        f"{loss:.4f}",
+        help="aux_loss_topk: E · Σ_e f_e · P_e, unscaled (α = 1)",
+        width="content",
+    )
     metrics.metric("Balanced value", f"{k}", help="L under perfectly even load (f_e = k/E)", width="content")
     metrics.metric("L ÷ balanced", f"{loss / k:.3f}", width="content")
     st.caption(

@@ -4,7 +4,9 @@ import streamlit as st
 from components import docs, expert_axis, exports, pickers, prompt, scale_frames
 
 from moeviz.analysis import (
+    AUX_LOSS_FORMS,
     CollapseThresholds,
+    aux_loss_frame,
     balance_frame,
     collapse_frame,
     collapse_report,
@@ -13,9 +15,7 @@ from moeviz.analysis import (
 )
 from moeviz.analysis.collapse import NOT_ENOUGH_TOKENS, STATUS_JUDGED, STATUS_TOO_FEW
 from moeviz.charts import (
-    AUX_LOSS_FORMS,
     aux_loss_chart,
-    aux_loss_frame,
     balance_chart,
     dead_hot_experts,
     load_heatmap,
@@ -80,8 +80,8 @@ st.caption(
     "Read: on the dashed line = load as even as the loss asks for; to the right = the busiest experts get "
     "both the tokens and the probability, which the loss penalises (2 = twice its balanced value).\n"
     + "".join(
-        f"\n- `{name}` — {form}; balanced value {balanced}."
-        for name, (form, balanced) in AUX_LOSS_FORMS.items()
+        f"\n- `{name}` — {form.description}; balanced value {form.balanced}."
+        for name, form in AUX_LOSS_FORMS.items()
     )
     + "\n- `z_loss` — ST-MoE router z-loss, mean_t (log Σ_e exp logit_te)²: the size of the router logits, "
     "not their balance, so it has no balanced value (large = logits that make the softmax brittle).\n\n"

@@ -9,6 +9,7 @@ from components.counterfactual import next_token_metrics
 from components.errors import stop_on_error
 
 import moeviz
+from moeviz.analysis.losses import AUX_LOSS_FORMS
 from moeviz.analysis.reroute import RerouteSettings, max_k, reroute_layer
 from moeviz.charts import expert_load_chart, expert_load_curve_chart, router_score_heatmap
 from moeviz.charts.attribution import position_delta_chart
@@ -188,17 +189,17 @@ metrics.metric(
     width="content",
 )
 metrics.metric(
-    "Aux loss, re-routed",
-    f"{rerouted.aux_loss:.4f}",
-    f"captured {rerouted.captured_aux_loss:.4f}",
+    "aux_loss_dispatched, re-routed",
+    f"{rerouted.aux_loss_dispatched:.4f}",
+    f"captured {rerouted.captured_aux_loss_dispatched:.4f}",
     delta_color="off",
     delta_arrow="off",
-    help="Switch/GShard E·Σ f_e·P_e (unscaled): f_e = share of tokens sent to expert e, P_e = its mean "
-    "router probability",
+    help=f"{AUX_LOSS_FORMS['aux_loss_dispatched'].description} (unscaled): E·Σ f_e·P_e, f_e = share of "
+    "tokens sent to expert e, P_e = its mean router probability",
     width="content",
 )
 metrics.metric(
-    "Aux loss under even load",
+    "aux_loss_dispatched under even load",
     f"{k}",
     f"captured {routing.k}",
     delta_color="off",

@@ -1,6 +1,18 @@
 """Pure analysis functions over a Trace or its frames."""
 
 # balance, losses, confidence, collapse
+from moeviz.analysis.balance import (
+    BalanceStats,
+    balance_frame,
+    balance_stats,
+    contiguous_device_load,
+    ep_balancedness,
+    ep_balancedness_over_layers,
+    expert_balance_frame,
+    load_entropy,
+    load_entropy_nats,
+    trace_device_load,
+)
 from moeviz.analysis.collapse import (
     CollapseReport,
     CollapseThresholds,
@@ -11,16 +23,14 @@ from moeviz.analysis.collapse import (
     layer_verdict,
 )
 from moeviz.analysis.confidence import confidence_frame, confidence_summary_frame, layer_confidence
-from moeviz.analysis.load import (
-    BalanceStats,
-    balance_frame,
-    balance_stats,
-    ep_balancedness_over_layers,
-    expert_balance_frame,
-)
 from moeviz.analysis.losses import (
-    aux_loss,
-    aux_loss_pooled,
+    AUX_LOSS_FORMS,
+    aux_loss_dispatched,
+    aux_loss_frame,
+    aux_loss_megatron,
+    aux_loss_top1,
+    aux_loss_topk,
+    aux_loss_topk_pooled,
     loss_frame,
     loss_stats,
     router_probs,
@@ -63,27 +73,37 @@ from moeviz.analysis.scale_frames import mean_score_frame, token_confidence_fram
 
 # balance, losses, confidence, collapse
 __all__ = [
+    "AUX_LOSS_FORMS",
     "BalanceStats",
     "CollapseReport",
     "CollapseThresholds",
     "LayerVerdict",
     "Verdict",
-    "aux_loss",
-    "aux_loss_pooled",
+    "aux_loss_dispatched",
+    "aux_loss_frame",
+    "aux_loss_megatron",
+    "aux_loss_top1",
+    "aux_loss_topk",
+    "aux_loss_topk_pooled",
     "balance_frame",
     "balance_stats",
     "collapse_frame",
     "collapse_report",
     "confidence_frame",
     "confidence_summary_frame",
+    "contiguous_device_load",
+    "ep_balancedness",
     "ep_balancedness_over_layers",
     "expert_balance_frame",
     "layer_confidence",
     "layer_verdict",
+    "load_entropy",
+    "load_entropy_nats",
     "loss_frame",
     "loss_stats",
     "router_probs",
     "seq_aux_loss",
+    "trace_device_load",
     "z_loss",
 ]
 # specialisation, structure, checkpoint comparison
@@ -118,3 +138,10 @@ __all__ += [
     "token_scores_frame",
     "top_experts",
 ]
+
+
+def __getattr__(name: str):
+    """Names renamed in 0.2 (CHANGELOG.md), kept for one release with a DeprecationWarning."""
+    from moeviz.analysis import losses
+
+    return losses.deprecated(name, f"moeviz.analysis.{name}")

@@ -18,7 +18,7 @@ from enum import IntEnum
 import numpy as np
 import pandas as pd
 
-from moeviz.analysis.load import BalanceStats, balance_stats
+from moeviz.analysis.balance import BalanceStats, balance_stats
 from moeviz.analysis.losses import BIAS_ABS_FLAG, BIAS_STD_FLAG, BiasStats, bias_stats, z_loss
 from moeviz.analysis.null import (
     at_effective_tokens,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from moeviz.analysis.load import expert_counts
+from moeviz.analysis.balance import expert_counts
 from moeviz.trace import LayerRouting
 
 WALKTHROUGH_COLUMNS = [

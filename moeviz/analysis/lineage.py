@@ -38,16 +38,18 @@ import numpy as np
 import pandas as pd
 import torch
 
+from moeviz.models.config_keys import EXPERT_COUNT_KEYS, LAYER_COUNT_KEYS, ROUTER_NAMES, TOP_K_KEYS
+
 THRESHOLD = 0.25
 MAX_EXPERT_TENSORS = 16  # expert weight tensors compared per layer (evenly spaced over the sorted names)
 MAX_ELEMENTS = 1 << 16  # elements read from each compared tensor
 
-_ROUTER = re.compile(r"^(?P<prefix>.*?\.(?P<layer>\d+)\.(?:.*\.)?)(?:gate|router|wg)\.weight$")
+_ROUTER = re.compile(rf"^(?P<prefix>.*?\.(?P<layer>\d+)\.(?:.*\.)?)(?:{'|'.join(ROUTER_NAMES)})\.weight$")
 _CONFIG_KEYS = {
     "model type": ("model_type",),
-    "experts": ("num_local_experts", "n_routed_experts", "num_experts", "moe_num_experts"),
-    "top-k": ("num_experts_per_tok", "num_experts_per_token", "moe_k", "moe_topk", "top_k"),
-    "layers": ("num_hidden_layers", "num_layers"),
+    "experts": EXPERT_COUNT_KEYS,
+    "top-k": TOP_K_KEYS,
+    "layers": LAYER_COUNT_KEYS,
     "hidden size": ("hidden_size", "d_model"),
 }
 

@@ -86,25 +86,47 @@ def top_k_indices(values: np.ndarray, k: int, ordered: bool = True) -> np.ndarra
     return np.take_along_axis(part, order, axis=1)
 
 
-def aux_loss(probs: np.ndarray, top_k: int = 1, selected: np.ndarray | None = None) -> float:
-    """Switch/GShard auxiliary loss E · Σ_e f_e P_e (unscaled) from router probabilities [N, E].
-
-    f_e = (# tokens whose selection includes e) / N, not divided by k (uniform value: k). The selection is
-    the top-`top_k` of `probs`, or `selected` [N, k'] expert ids where given (-1 = none, e.g. a dropped slot).
-    NaN for N = 0.
-    """
-    probs = np.asarray(probs)
+def _switch_product(probs: np.ndarray, chosen: np.ndarray) -> float:
+    """E · Σ_e f_e P_e from router probabilities [N, E] and chosen expert ids [N, k'] (-1 = none), with
+    f_e = (# tokens whose choice includes e) / N, not divided by k. NaN for N = 0."""
     n, e = probs.shape
     if n == 0:
         return float("nan")
-    chosen = top_k_indices(probs, top_k, ordered=False) if selected is None else np.asarray(selected)
     f = np.bincount(chosen[chosen >= 0], minlength=e) / n
     p_mean = probs.sum(axis=0, dtype=np.float64) / n
     return float(e * (f * p_mean).sum())
 
 
-def aux_loss_pooled(routings: Sequence[LayerRouting], top_k: int | None = None) -> float:
-    """The auxiliary loss over several layers pooled into one, as transformers' `load_balancing_loss_func`
+def aux_loss_top1(probs: np.ndarray) -> float:
+    """Switch Transformers' auxiliary loss E · Σ_e f_e P_e from router probabilities [N, E], f from each
+    token's top-1 (uniform value 1). NaN for N = 0."""
+    probs = np.asarray(probs)
+    return _switch_product(probs, top_k_indices(probs, 1, ordered=False))
+
+
+def aux_loss_topk(probs: np.ndarray, top_k: int) -> float:
+    """The top-k generalisation E · Σ_e f_e P_e (transformers' `load_balancing_loss_func`, one layer), f
+    from the top-`top_k` of `probs` [N, E], not divided by k: uniform value k. NaN for N = 0."""
+    probs = np.asarray(probs)
+    return _switch_product(probs, top_k_indices(probs, top_k, ordered=False))
+
+
+def aux_loss_megatron(probs: np.ndarray, top_k: int) -> float:
+    """Megatron-Core's auxiliary loss (since mid-2025): the top-k form with f divided by k, f_e = c_e/(kT)
+    from a plain top-k of the unbiased `probs` [N, E]; uniform value 1. = aux_loss_topk / k. The Lab trains
+    on this form. NaN for N = 0."""
+    return aux_loss_topk(probs, top_k) / top_k
+
+
+def aux_loss_dispatched(probs: np.ndarray, experts: np.ndarray) -> float:
+    """The auxiliary loss with f from the experts actually dispatched [N, k] (-1 = a dropped slot, counted
+    for no expert), not divided by k: Megatron-Core's routing-map form before mid-2025 (uniform value k).
+    Equals aux_loss_topk for a plain top-k router without drops. NaN for N = 0."""
+    return _switch_product(np.asarray(probs), np.asarray(experts))
+
+
+def aux_loss_topk_pooled(routings: Sequence[LayerRouting], top_k: int | None = None) -> float:
+    """`aux_loss_topk` over several layers pooled into one, as transformers' `load_balancing_loss_func`
     computes it from a tuple of per-layer logits: f and P are averaged over all (layer, token) rows together,
     then L = E Σ f P (not the mean of per-layer losses). `top_k` defaults to the layers' k.
     All layers must have the same E. NaN when there are no rows.
@@ -216,22 +238,56 @@ def bias_stats(bias: np.ndarray | None) -> BiasStats | None:
 
 
 @dataclass(frozen=True)
-class LossStats:
-    """Balancing losses of one layer, unscaled (no α).
+class AuxLossForm:
+    """One form of the auxiliary balancing loss: what it is and its value under perfectly even load
+    ("1", or "k" = the layer's slots per token)."""
 
-    aux_loss_top1: f from each token's top-1 of p (Switch form; uniform value 1).
-    aux_loss_topk: f from the top-k of p, k = the layer's slots (transformers' form; uniform value k).
-    It is the form Megatron-Core computes since mid-2025 (a plain top-k of the unbiased scores, ignoring
-    bias and group limits), except that Megatron divides f by k: its logged value is aux_loss_topk / k.
-    aux_loss_dispatched: f from the experts actually dispatched (biased or group-limited selection, drops
-    count for no expert), the routing-map form Megatron-Core used before mid-2025; equals aux_loss_topk
-    for a plain top-k router without drops.
-    seq_aux_loss: DeepSeek-V3's sequence-wise balance loss (`seq_aux_loss`), top-k of the unbiased
-    scores per sequence, mean over sequences; uniform value 1.
-    """
+    description: str
+    balanced: str
+
+    def balanced_value(self, top_k: int) -> float:
+        return float(top_k) if self.balanced == "k" else 1.0
+
+
+# Every auxiliary-loss value moeviz shows is named by its form: a column of `loss_frame`, a key of the
+# report's JSON, a line of the Lab's history. Even load means f_e = k/E for every expert (f not divided by
+# k), and then E · Σ_e f_e P_e = k · Σ_e P_e = k whatever P; the forms that divide f by k read 1
+# (docs/routing-metrics.md, "Balancing losses").
+AUX_LOSS_FORMS: dict[str, AuxLossForm] = {
+    "aux_loss_top1": AuxLossForm(
+        "Switch Transformers / GShard, E·Σ_e f_e·P_e with f from each token's top-1", "1"
+    ),
+    "aux_loss_topk": AuxLossForm(
+        "the top-k generalisation (transformers' load_balancing_loss_func, Mixtral): f from the top-k, "
+        "not divided by k",
+        "k",
+    ),
+    "aux_loss_megatron": AuxLossForm(
+        "Megatron-Core since mid-2025, and the Lab's training loss: the top-k form with f divided by k "
+        "(f_e = c_e/(kT) from a plain top-k of the unbiased scores), aux_loss_topk / k",
+        "1",
+    ),
+    "aux_loss_dispatched": AuxLossForm(
+        "Megatron-Core's routing-map form before mid-2025: f from the experts actually dispatched (after a "
+        "balancing bias, group limits and capacity drops), here not divided by k",
+        "k",
+    ),
+    "seq_aux_loss": AuxLossForm(
+        "DeepSeek-V3 sequence-wise balance loss: per sequence f_i = E/(kT)·(tokens on i), P from the scores "
+        "normalised per token, mean over sequences",
+        "1",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class LossStats:
+    """Balancing losses of one layer, unscaled (no α); each auxiliary loss is named by its form
+    (AUX_LOSS_FORMS, which says what it is and its balanced value)."""
 
     aux_loss_top1: float
     aux_loss_topk: float
+    aux_loss_megatron: float
     aux_loss_dispatched: float
     seq_aux_loss: float
     z_loss: float
@@ -242,10 +298,12 @@ def loss_stats(routing: LayerRouting, seqs: np.ndarray | None = None) -> LossSta
     """Every balancing loss of one layer, replayed from its captured logits / scores. `seqs` [N]: the
     sequence of each routed token, for seq_aux_loss (None: the layer's tokens are one sequence)."""
     probs = router_probs(routing)
+    topk = aux_loss_topk(probs, routing.k)
     return LossStats(
-        aux_loss_top1=aux_loss(probs, 1),
-        aux_loss_topk=aux_loss(probs, routing.k),
-        aux_loss_dispatched=aux_loss(probs, selected=routing.experts),
+        aux_loss_top1=aux_loss_top1(probs),
+        aux_loss_topk=topk,
+        aux_loss_megatron=topk / routing.k,
+        aux_loss_dispatched=aux_loss_dispatched(probs, routing.experts),
         seq_aux_loss=seq_aux_loss(probs, seqs, routing.k),
         z_loss=z_loss(routing.logits),
         bias=bias_stats(routing.bias),
@@ -259,10 +317,7 @@ LOSS_COLUMNS = [
     "experts",
     "top_k",
     "score_fn",
-    "aux_loss_top1",
-    "aux_loss_topk",
-    "aux_loss_dispatched",
-    "seq_aux_loss",
+    *AUX_LOSS_FORMS,
     "z_loss",
     "has_bias",
     "bias_std",
@@ -273,9 +328,9 @@ LOSS_COLUMNS = [
 
 
 def loss_frame(trace: Trace) -> pd.DataFrame:
-    """One row per MoE layer (site, layer): the unscaled losses of LossStats (seq_aux_loss per sequence of
-    the trace) and the bias spread; columns LOSS_COLUMNS (bias_* NaN and bias_flagged False for routers
-    without a bias)."""
+    """One row per MoE layer (site, layer): the unscaled losses of LossStats, one column per form of
+    AUX_LOSS_FORMS (seq_aux_loss per sequence of the trace), and the bias spread; columns LOSS_COLUMNS
+    (bias_* NaN and bias_flagged False for routers without a bias)."""
     rows = []
     nan = float("nan")
     token_seqs = trace.tokens["seq"].to_numpy()
@@ -289,10 +344,7 @@ def loss_frame(trace: Trace) -> pd.DataFrame:
                 "experts": routing.num_experts,
                 "top_k": routing.k,
                 "score_fn": routing.score_fn,
-                "aux_loss_top1": s.aux_loss_top1,
-                "aux_loss_topk": s.aux_loss_topk,
-                "aux_loss_dispatched": s.aux_loss_dispatched,
-                "seq_aux_loss": s.seq_aux_loss,
+                **{form: getattr(s, form) for form in AUX_LOSS_FORMS},
                 "z_loss": s.z_loss,
                 "has_bias": s.bias is not None,
                 "bias_std": nan if s.bias is None else s.bias.std,
@@ -302,3 +354,49 @@ def loss_frame(trace: Trace) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows, columns=LOSS_COLUMNS)
+
+
+def aux_loss_frame(losses: pd.DataFrame) -> pd.DataFrame:
+    """One row per layer: each auxiliary loss of AUX_LOSS_FORMS next to its balanced value (column
+    `<form>_balanced`: 1 or k), and the router z-loss (no balanced value: it measures the size of the logits).
+
+    Input: `loss_frame(trace)`."""
+    data = losses[["layer", "site", "experts", "top_k"]].copy()
+    k = losses["top_k"].astype(np.float64)
+    for column, form in AUX_LOSS_FORMS.items():
+        data[column] = losses[column].astype(np.float64)
+        data[f"{column}_balanced"] = k if form.balanced == "k" else 1.0
+    data["z_loss"] = losses["z_loss"].astype(np.float64)
+    return data.reset_index(drop=True)
+
+
+def _aux_loss(probs: np.ndarray, top_k: int = 1, selected: np.ndarray | None = None) -> float:
+    """The 0.1 `aux_loss`: aux_loss_dispatched with `selected`, else aux_loss_topk (top_k = 1: top-1)."""
+    if selected is not None:
+        return aux_loss_dispatched(probs, selected)
+    return aux_loss_topk(probs, top_k)
+
+
+_RENAMED = {
+    "aux_loss": ("aux_loss_topk / aux_loss_dispatched", _aux_loss),
+    "aux_loss_pooled": ("aux_loss_topk_pooled", aux_loss_topk_pooled),
+}
+
+
+def deprecated(name: str, where: str):
+    """A renamed function under its 0.1 name, with a DeprecationWarning; AttributeError for anything else."""
+    import warnings
+
+    if name not in _RENAMED:
+        raise AttributeError(f"module {where.rsplit('.', 1)[0]!r} has no attribute {name!r}")
+    new, function = _RENAMED[name]
+    warnings.warn(
+        f"{where} is deprecated: use {new} (each aux loss is named by its form)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return function
+
+
+def __getattr__(name: str):
+    return deprecated(name, f"moeviz.analysis.losses.{name}")

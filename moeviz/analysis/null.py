@@ -27,7 +27,7 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
-from moeviz.analysis.load import expert_counts
+from moeviz.analysis.balance import balance_indicators, expert_counts, load_entropy_nats
 from moeviz.trace import LayerRouting, Trace
 
 NULL_DRAWS = 4000  # Monte-Carlo draws of the entropy null
@@ -123,20 +123,10 @@ def uniform_counts(tokens: int, top_k: int, experts: int, draws: int, seed: int)
     return out
 
 
-def _entropy_nats(counts: np.ndarray) -> np.ndarray:
-    """H(c/Σc) in nats of each row of [n, E] loads."""
-    c = np.asarray(counts, dtype=np.float64)
-    total = c.sum(axis=-1, keepdims=True)
-    p = np.divide(c, total, out=np.zeros_like(c), where=total > 0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        terms = np.where(p > 0, p * np.log(p), 0.0)
-    return -terms.sum(axis=-1)
-
-
 def _deficiency(counts: np.ndarray, experts: int) -> np.ndarray:
     """G = 2 Σc (log E − H_nats) per row: 0 for perfectly even loads, grows as the entropy falls."""
     c = np.asarray(counts, dtype=np.float64)
-    return 2.0 * c.sum(axis=-1) * (math.log(experts) - _entropy_nats(c))
+    return 2.0 * c.sum(axis=-1) * (math.log(experts) - load_entropy_nats(c))
 
 
 @lru_cache(maxsize=256)
@@ -295,21 +285,6 @@ def bootstrap_counts(experts: np.ndarray, num_experts: int, draws: int, seed: in
     return out.reshape(draws, num_experts).astype(np.int64)
 
 
-def _indicator_values(counts: np.ndarray, slots: int) -> dict[str, np.ndarray]:
-    c = np.atleast_2d(np.asarray(counts, dtype=np.float64))
-    e = c.shape[1]
-    mean = c.mean(axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cv = np.where(mean > 0, c.std(axis=1) / mean, np.nan)
-        entropy = _entropy_nats(c) / math.log(e) if e > 1 else np.ones(len(c))
-    return {
-        "max_share": c.max(axis=1) / slots if slots else np.full(len(c), np.nan),
-        "load_entropy": np.where(c.sum(axis=1) > 0, np.minimum(entropy, 1.0), np.nan),
-        "dead_fraction": (c == 0).mean(axis=1),
-        "cv": cv,
-    }
-
-
 def load_confidence(
     routing: LayerRouting, level: float = 0.9, draws: int = 2000, seed: int = 0
 ) -> LoadConfidence:
@@ -324,8 +299,8 @@ def load_confidence(
     q = [(1 - level) / 2, 1 - (1 - level) / 2]
     share = observed / slots if slots else np.full(e, np.nan)
     low, high = np.quantile(boot / slots, q, axis=0) if slots else (share, share)
-    seen = _indicator_values(observed, slots)
-    spread = _indicator_values(boot, slots)
+    seen = balance_indicators(observed, t, k)
+    spread = balance_indicators(boot, t, k)
     values = np.stack([spread[name] for name in INDICATORS], axis=1)  # [draws, indicators]
     finite = np.isfinite(values).all(axis=0)
     bounds = np.full((2, len(INDICATORS)), np.nan)

@@ -11,8 +11,8 @@ policy; ties → earlier token, then earlier slot) and the rest become dropped s
 the kept weights are not renormalised).
 
 Every number is then what `moeviz.analysis` says of the re-routed layer (`Rerouted.as_layer_routing`): load
-= `expert_counts`, the aux loss = `losses.aux_loss` of the dispatched experts (Switch/GShard E·Σ_e f_e P_e
-with f_e = tokens sent to e / T, not divided by k: balanced value k; `LossStats.aux_loss_dispatched`).
+= `expert_counts`, the aux loss in its dispatched form = `losses.aux_loss_dispatched` (Switch/GShard
+E·Σ_e f_e P_e with f_e = tokens sent to e / T, not divided by k: balanced value k).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
+from moeviz.analysis.balance import balance_stats, expert_balance_rows, expert_counts
 from moeviz.analysis.confidence import eligible_experts
-from moeviz.analysis.load import balance_stats, expert_balance_rows, expert_counts
-from moeviz.analysis.losses import aux_loss, router_probs, top_k_indices
+from moeviz.analysis.losses import aux_loss_dispatched, router_probs, top_k_indices
 from moeviz.errors import InputError
-from moeviz.scoring import expert_capacity, scores_from_logits, selection_scores
+from moeviz.scoring import capacity_ranks, expert_capacity, scores_from_logits, selection_scores
 from moeviz.trace import LayerRouting, Trace
 
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
@@ -143,22 +143,13 @@ def _capacity_drops(
     experts: np.ndarray, weights: np.ndarray, seqs: np.ndarray, num_experts: int, cf: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """([N, k] bool: slot dropped, [G] capacity per sequence) under the probs policy: per (sequence, expert)
-    the C largest weights stay, ties → earlier token, then earlier slot."""
+    the C largest weights stay, ties → earlier token, then earlier slot (`moeviz.scoring.capacity_ranks`)."""
     n, k = experts.shape
     _, group_of_token = np.unique(seqs, return_inverse=True)
     group_of_token = group_of_token.reshape(-1)
-    lengths = np.bincount(group_of_token)
-    caps = np.array([expert_capacity(int(t), k, num_experts, cf) for t in lengths], dtype=np.int64)
-    flat_e = experts.reshape(-1).astype(np.int64)
-    arrival = np.arange(n * k)
-    group = group_of_token[arrival // k]
-    cell = group * num_experts + flat_e
-    order = np.lexsort((arrival, -weights.reshape(-1).astype(np.float64), cell))
-    sorted_cell = cell[order]
-    first = np.r_[True, sorted_cell[1:] != sorted_cell[:-1]] if len(order) else np.zeros(0, bool)
-    start = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0)) if len(order) else first
-    rank = np.empty(n * k, dtype=np.int64)
-    rank[order] = np.arange(len(order)) - start
+    caps = expert_capacity(np.bincount(group_of_token), k, num_experts, cf)
+    group = np.repeat(group_of_token, k)
+    rank = capacity_ranks(group * num_experts + experts.reshape(-1), weights.reshape(-1))
     return (rank >= caps[group]).reshape(n, k), caps
 
 
@@ -224,16 +215,16 @@ AUX_TERM_COLUMNS = ["expert", "f", "P", "term"]
 def aux_terms(routing: LayerRouting) -> pd.DataFrame:
     """The per-expert terms of the Switch/GShard aux loss of a layer's dispatched experts, columns
     AUX_TERM_COLUMNS: f = tokens dispatched to the expert / T (not divided by k), P = mean router probability
-    (`losses.router_probs`), term = E·f·P; the terms sum to `losses.aux_loss(probs, selected=experts)`."""
+    (`losses.router_probs`), term = E·f·P; the terms sum to `losses.aux_loss_dispatched(probs, experts)`."""
     n, e = len(routing.token_rows), routing.num_experts
     f = expert_counts(routing) / n if n else np.full(e, np.nan)
     p = router_probs(routing).sum(axis=0, dtype=np.float64) / n if n else np.full(e, np.nan)
     return pd.DataFrame({"expert": np.arange(e), "f": f, "P": p, "term": e * f * p}, columns=AUX_TERM_COLUMNS)
 
 
-def dispatched_aux_loss(routing: LayerRouting) -> float:
-    """`losses.aux_loss` of a layer's dispatched experts (`LossStats.aux_loss_dispatched`)."""
-    return aux_loss(router_probs(routing), selected=routing.experts)
+def layer_aux_loss_dispatched(routing: LayerRouting) -> float:
+    """`losses.aux_loss_dispatched` of a layer's dispatched experts (`LossStats.aux_loss_dispatched`)."""
+    return aux_loss_dispatched(router_probs(routing), routing.experts)
 
 
 def _expert_sets(experts: np.ndarray) -> list[str]:
@@ -304,7 +295,7 @@ class Rerouted:
     # ---- load ----------------------------------------------------------------------------------------
     @property
     def load(self) -> np.ndarray:
-        """Slots dispatched to each expert [E] (`load.expert_counts`)."""
+        """Slots dispatched to each expert [E] (`balance.expert_counts`)."""
         return expert_counts(self._layer)
 
     @property
@@ -335,18 +326,20 @@ class Rerouted:
 
     # ---- aux loss ------------------------------------------------------------------------------------
     @property
-    def aux_loss(self) -> float:
-        """Switch/GShard aux loss E·Σ_e f_e P_e of the re-routed dispatch (balanced value: k)."""
-        return dispatched_aux_loss(self._layer)
+    def aux_loss_dispatched(self) -> float:
+        """The dispatched form of the aux loss, E·Σ_e f_e P_e of the re-routed dispatch (balanced value: k;
+        `losses.AUX_LOSS_FORMS`)."""
+        return layer_aux_loss_dispatched(self._layer)
 
     @property
-    def captured_aux_loss(self) -> float:
+    def captured_aux_loss_dispatched(self) -> float:
         """The same loss of the captured routing (balanced value: its k)."""
-        return dispatched_aux_loss(self.routing)
+        return layer_aux_loss_dispatched(self.routing)
 
     @property
     def per_expert_aux_terms(self) -> pd.DataFrame:
-        """`aux_terms` of the re-routed layer: expert, f, P, term (= E·f·P; they sum to `aux_loss`)."""
+        """`aux_terms` of the re-routed layer: expert, f, P, term (= E·f·P; they sum to
+        `aux_loss_dispatched`)."""
         return aux_terms(self._layer)
 
     @property

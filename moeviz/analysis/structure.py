@@ -22,7 +22,7 @@ from math import comb
 import numpy as np
 import pandas as pd
 
-from moeviz.analysis.load import expert_counts
+from moeviz.analysis.balance import expert_counts
 from moeviz.trace import LayerRouting, Trace
 
 # Exact load-aware overlap baseline enumerates pairs of distinct dispatched sets: U² work.

@@ -18,7 +18,6 @@ recompute an exact attention-like map.
 
 from __future__ import annotations
 
-import re
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ from torch import nn
 
 from moeviz.hooks import Restore, active_on_thread, shared_hooks
 from moeviz.models import attention as attention_models
+from moeviz.models.config_keys import layer_index
 
 _active = threading.local()
 _ROW_CHUNK = 1024  # query rows per step when reducing a [B, 1, T, S] mask to intervals (bounded temp memory)
@@ -75,8 +75,8 @@ def _layer_of(name: str, module: nn.Module) -> int:
     index = getattr(module, "layer_idx", None)
     if isinstance(index, int):
         return index
-    match = re.search(r"\.(\d+)(\.|$)", name)
-    return int(match.group(1)) if match else -1
+    index = layer_index(name)
+    return -1 if index is None else index
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ from moeviz.errors import CaptureError
 from moeviz.models.attention import kv_geometry, no_map_reason
 
 
-def _numpy(tensor: torch.Tensor) -> np.ndarray:
-    # fp32 contiguous copy: the model's tensors may be bf16/fp16 or strided views; numpy needs neither.
+def _fp32_array(tensor: torch.Tensor) -> np.ndarray:
+    """An fp32, C-contiguous numpy array of a tensor: a copy, unless it already is fp32 and contiguous (then
+    shared). The model's tensors may be bf16/fp16 or strided views; the attention kernels need neither."""
     return tensor.detach().to(torch.float32).contiguous().numpy()
 
 
@@ -41,8 +42,8 @@ def build_attention(
         layers[layer] = AttentionLayer(
             layer=layer,
             module=call.module,
-            query=_numpy(call.query),
-            key=_numpy(call.key),
+            query=_fp32_array(call.query),
+            key=_fp32_array(call.key),
             lo=call.lo.numpy().astype(np.int64),
             hi=call.hi.numpy().astype(np.int64),
             scaling=call.scaling,
@@ -94,11 +95,11 @@ def _linear_layers(
             layer=layer,
             module=name,
             kind=parts["kind"],
-            query=_numpy(parts["query"]),
-            key=_numpy(parts["key"]),
-            value=_numpy(parts["value"]),
-            log_decay=_numpy(parts["log_decay"]),
-            beta=None if parts["beta"] is None else _numpy(parts["beta"]),
+            query=_fp32_array(parts["query"]),
+            key=_fp32_array(parts["key"]),
+            value=_fp32_array(parts["value"]),
+            log_decay=_fp32_array(parts["log_decay"]),
+            beta=None if parts["beta"] is None else _fp32_array(parts["beta"]),
         )
     recorder.linear.clear()
     return out

@@ -502,11 +502,11 @@ def _decisions_across_layers(
     for members in groups.values():
         k = recorder.expert_args[members[0]][0][1].shape[-1]
         experts = np.stack(
-            [_numpy(recorder.expert_args[i][0][1]).reshape(-1, k) for i in members]
+            [_numpy_view(recorder.expert_args[i][0][1]).reshape(-1, k) for i in members]
         )  # [L, N, k]
         experts = experts.astype(np.int64, copy=False)
         weights = np.stack(
-            [_numpy(recorder.expert_args[i][0][2], float32=True).reshape(-1, k) for i in members]
+            [_numpy_view(recorder.expert_args[i][0][2], float32=True).reshape(-1, k) for i in members]
         )
         if k > 1:
             ordered = (weights[:, :, :-1] > weights[:, :, 1:]).all(axis=(1, 2)) & (experts >= 0).all(
@@ -531,12 +531,13 @@ def _logits(site: MoESite, output) -> np.ndarray:
         raise CaptureError(
             f"layer {site.layer} ({site.name}): no [N, {site.num_experts}] logits in router output"
         )
-    return _numpy(tensor, float32=True)
+    return _numpy_view(tensor, float32=True)
 
 
-def _numpy(tensor: torch.Tensor, *, float32: bool = False) -> np.ndarray:
-    """A tensor's values as a numpy array, shared with the tensor where it can be (CPU, fp32 if asked):
-    torch's per-op cost dominates on the small [N, k] and [N, E] arrays of a capture."""
+def _numpy_view(tensor: torch.Tensor, *, float32: bool = False) -> np.ndarray:
+    """A tensor's values as a numpy array that is a view of the tensor where it can be (a CPU tensor, of
+    fp32 if asked; else a converted copy), dtype and strides kept: torch's per-op cost dominates on the
+    small [N, k] and [N, E] arrays of a capture."""
     if float32 and tensor.dtype != torch.float32:
         tensor = tensor.float()
     if tensor.device.type != "cpu":
@@ -547,8 +548,8 @@ def _numpy(tensor: torch.Tensor, *, float32: bool = False) -> np.ndarray:
 def _decision(site: MoESite, output, args, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
     if site.decoder == "expert_args":  # most families: `from_expert_args`, in numpy (torch's per-op cost
         idx, w = args[1], args[2]  # dominates on [N, k] arrays)
-        experts = _numpy(idx).reshape(-1, idx.shape[-1]).astype(np.int64, copy=False)
-        weights = _numpy(w, float32=True).reshape(-1, w.shape[-1])
+        experts = _numpy_view(idx).reshape(-1, idx.shape[-1]).astype(np.int64, copy=False)
+        weights = _numpy_view(w, float32=True).reshape(-1, w.shape[-1])
         return (*sort_slots_np(experts, weights), "dispatch")
     if site.decoder != "auto":
         experts, weights = DECODERS[site.decoder](output, args)

@@ -16,10 +16,8 @@ from moeviz.charts.attention import (
 from moeviz.charts.binning import bin_rows, bin_size, binned_dispatch_heatmap
 from moeviz.charts.compare import agreement_chart, load_shift_heatmap
 from moeviz.charts.load import (
-    AUX_LOSS_FORMS,
     UNIFORM_VALUE,
     aux_loss_chart,
-    aux_loss_frame,
     balance_chart,
     load_heatmap,
 )
@@ -47,7 +45,6 @@ from moeviz.charts.structure import coactivation_heatmap, path_chart, repetition
 from moeviz.charts.tables import dead_hot_experts, stack_scores, token_options
 
 __all__ = [
-    "AUX_LOSS_FORMS",
     "EXPERT_BRUSH",
     "HEAD_METRICS",
     "HEAD_SELECTION",
@@ -62,7 +59,6 @@ __all__ = [
     "attention_row_chart",
     "attention_row_frame",
     "aux_loss_chart",
-    "aux_loss_frame",
     "balance_chart",
     "bias_chart",
     "bin_rows",

@@ -68,13 +68,13 @@ def gpu_load_heatmap(gpu_load: pd.DataFrame, *, title: str = "Load per layer and
     )
 
 
-def balancedness_chart(layers: pd.DataFrame, *, title: str = "Balancedness per layer") -> alt.Chart:
-    """Bars of balancedness b = mean ÷ max GPU load per layer (1 = perfectly even), grouped by placement when
-    the frame has a `placement` column (several `EPResult.layers_frame()` stacked).
+def balancedness_chart(layers: pd.DataFrame, *, title: str = "ep_balancedness per layer") -> alt.Chart:
+    """Bars of ep_balancedness b = mean ÷ max GPU load per layer (1 = perfectly even), grouped by placement
+    when the frame has a `placement` column (several `EPResult.layers_frame()` stacked).
 
-    Input: `EPResult.layers_frame()` (columns layer, balancedness, max_gpu_load, mean_gpu_load, …).
+    Input: `EPResult.layers_frame()` (columns layer, ep_balancedness, max_gpu_load, mean_gpu_load, …).
     """
-    columns = ["layer", "balancedness", "max_gpu_load", "mean_gpu_load"]
+    columns = ["layer", "ep_balancedness", "max_gpu_load", "mean_gpu_load"]
     data = layers[columns + (["placement"] if "placement" in layers else [])].copy()
     if "placement" not in data:
         data["placement"] = ""
@@ -82,11 +82,11 @@ def balancedness_chart(layers: pd.DataFrame, *, title: str = "Balancedness per l
     grouped = len(placements) > 1
     encoding = {
         "x": _layer_axis(),
-        "y": alt.Y("balancedness:Q", title="b = mean ÷ max GPU load", scale=alt.Scale(domain=[0, 1])),
+        "y": alt.Y("ep_balancedness:Q", title="b = mean ÷ max GPU load", scale=alt.Scale(domain=[0, 1])),
         "tooltip": [
             alt.Tooltip("layer:O"),
             alt.Tooltip("placement:N"),
-            alt.Tooltip("balancedness:Q", format=".3f"),
+            alt.Tooltip("ep_balancedness:Q", format=".3f"),
             alt.Tooltip("max_gpu_load:Q", format=",.0f", title="max GPU load"),
             alt.Tooltip("mean_gpu_load:Q", format=",.1f", title="mean GPU load"),
         ],

@@ -164,10 +164,10 @@ def lab_load_chart(
 
 # The per-step indicators of `LabRun.history()` the Lab draws as small curves: column -> (title, subtitle).
 LAB_METRICS = {
-    "load_entropy": ("Load entropy", "nats · dashed = even"),
+    "load_entropy": ("Load entropy", "normalised, 1 = even · dashed = even"),
     "dead_experts": ("Dead experts", "recent steps, all layers"),
     "router_z": ("Router z-loss", "mean logsumexp²"),
-    "aux_loss": ("Balancing loss", "1 = even load"),
+    "aux_loss_megatron": ("Balancing loss, Megatron form", "1 = even load"),
 }
 
 
@@ -180,7 +180,7 @@ def lab_metric_chart(
     reference: float | None = None,
 ) -> alt.LayerChart:
     """One per-step indicator of the run (a column of LAB_METRICS) as a line, with an optional dashed
-    reference level (e.g. the load entropy of an even load, log E).
+    reference level (e.g. the normalised load entropy of an even load, 1).
 
     Input: `LabRun.history()`; the chart's one dataset is that frame, unchanged."""
     if metric not in LAB_METRICS:

@@ -6,6 +6,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from moeviz.analysis.losses import AUX_LOSS_FORMS
 from moeviz.charts._common import layer_labels, log2_fold, log2_fold_colour
 from moeviz.charts.routing import _FIT_WIDTH
 
@@ -95,56 +96,12 @@ def balance_chart(balance: pd.DataFrame, metric: str, *, title: str | None = Non
     return alt.layer(bars, uniform).properties(title=title or metric, height=180, autosize=_FIT_WIDTH)
 
 
-# The balancing losses of `moeviz.analysis.loss_frame`, unscaled (α = 1): column -> (form and source, its
-# value under perfectly even load: "1", or "k" = the layer's slots per token). Even load means f_e = k/E for
-# every expert (f not divided by k), and then E · Σ_e f_e P_e = k · Σ_e P_e = k whatever P; the forms that
-# divide f by k give 1 (docs/routing-metrics.md, "Balancing losses").
-AUX_LOSS_FORMS = {
-    "aux_loss_top1": ("Switch Transformers / GShard, E·Σ_e f_e·P_e with f from each token's top-1", "1"),
-    "aux_loss_topk": (
-        "the top-k generalisation (transformers' load_balancing_loss_func, Mixtral): f from the "
-        "top-k, not divided by k",
-        "k",
-    ),
-    "aux_loss_megatron": (
-        "Megatron-Core since mid-2025: the top-k form with f divided by k, aux_loss_topk / k",
-        "1",
-    ),
-    "aux_loss_dispatched": (
-        "Megatron-Core's routing-map form before mid-2025: f from the experts actually dispatched (after a "
-        "balancing bias, group limits and capacity drops), here not divided by k",
-        "k",
-    ),
-    "seq_aux_loss": (
-        "DeepSeek-V3 sequence-wise balance loss: per sequence f_i = E/(kT)·(tokens on i), P from "
-        "the scores normalised per token, mean over sequences",
-        "1",
-    ),
-}
-
-
-def aux_loss_frame(losses: pd.DataFrame) -> pd.DataFrame:
-    """One row per layer: each balancing loss of AUX_LOSS_FORMS next to its balanced value (column
-    `<form>_balanced`: 1 or k), and the router z-loss (no balanced value: it measures the size of the logits).
-
-    Input: `moeviz.analysis.loss_frame(trace)` (columns layer, site, experts, top_k, aux_loss_top1,
-    aux_loss_topk, aux_loss_dispatched, seq_aux_loss, z_loss). `aux_loss_megatron` = aux_loss_topk / k.
-    """
-    data = losses[["layer", "site", "experts", "top_k"]].copy()
-    k = losses["top_k"].astype(np.float64)
-    for column, (_, balanced) in AUX_LOSS_FORMS.items():
-        values = losses["aux_loss_topk"] / k if column == "aux_loss_megatron" else losses[column]
-        data[column] = values.astype(np.float64)
-        data[f"{column}_balanced"] = k if balanced == "k" else 1.0
-    data["z_loss"] = losses["z_loss"].astype(np.float64)
-    return data.reset_index(drop=True)
-
-
 def aux_loss_chart(losses: pd.DataFrame, *, title: str | None = None) -> alt.LayerChart:
     """One row per layer: each balancing loss as a multiple of its balanced value (1 = even load), one point
     per form, with a rule at 1.
 
-    Input: `aux_loss_frame(...)`. The Megatron-Core form is left out: its ratio equals the top-k form's.
+    Input: `moeviz.analysis.aux_loss_frame(...)`. The Megatron-Core form is left out: its ratio equals the
+    top-k form's.
     Right of the rule = the experts that get most tokens also get most router probability (uneven load,
     which the loss penalises); left of it is possible only when the busiest experts get little probability.
     """

@@ -24,8 +24,9 @@ class LabConfig:
         so every token goes through the same FFN with weight 1 (the model is still a transformers Mixtral
         with a one-expert router, whose balancing losses are constant).
     k: experts per token (1 … experts).
-    aux_coef: weight of the Switch/GShard balancing loss, computed per MoE layer and averaged (E·Σ f_e·P_e,
-        f_e = share of the layer's top-k slots, 1 when balanced); 0 = none, negative = rewards concentration.
+    aux_coef: weight of the auxiliary balancing loss in Megatron-Core's form (`aux_loss_megatron`),
+        computed per MoE layer and averaged (E·Σ f_e·P_e, f_e = share of the layer's top-k slots of the
+        unbiased probabilities, 1 when balanced); 0 = none, negative = rewards concentration.
     z_coef: weight of the ST-MoE router z-loss, mean_t (logsumexp logits_t)², averaged over layers.
     bias_rate: γ of DeepSeek-V3 loss-free balancing: a per-expert bias is added to the router scores for
         selection only and moves by γ · sign(mean load − load) after each step; 0 = off.

@@ -15,8 +15,9 @@ The model is a real transformers `MixtralForCausalLM` (4 heads, RMSNorm, RoPE, t
   beyond it the slots of lowest router probability are dropped (Megatron's "probs" policy; ties: earlier
   token first): their weight becomes 0, the other slot of the token keeps its weight.
 
-Losses: next-token cross-entropy + aux_coef · mean over layers of the Switch loss E · Σ_e f_e · P_e (f_e =
-share of the layer's selected slots, P_e = mean probability; 1 when balanced; transformers'
+Losses: next-token cross-entropy + aux_coef · mean over layers of the auxiliary loss in Megatron-Core's
+form (`aux_loss_megatron` of moeviz.analysis.losses: E · Σ_e f_e · P_e, f_e = share of the layer's top-k
+slots of the unbiased probabilities, P_e = mean probability; 1 when balanced; transformers'
 `router_aux_loss_coef` would pool all layers into one load instead) + z_coef · mean over layers of the
 router z-loss. AdamW (β 0.9/0.95, weight decay 0.1 on matrices), warm-up then cosine to 10% of lr,
 gradient clipping at 1 — the sample models' recipe (scripts/samples/train_model.py).
@@ -37,7 +38,6 @@ class stays swapped on the returned model, with noise and capacity off).
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -62,9 +62,10 @@ from transformers.models.mixtral.modeling_mixtral import (
     MixtralTopKRouter,
 )
 
+from moeviz.analysis.balance import balance_from_counts, load_entropy
 from moeviz.analysis.collapse import CollapseThresholds, Verdict, judge_layer
-from moeviz.analysis.load import balance_from_counts, load_entropy_nats
 from moeviz.analysis.losses import bias_stats
+from moeviz.jsonable import dumps
 from moeviz.lab.config import HEADS, LabConfig
 from moeviz.lab.data import LabCorpus, lab_corpus, lab_tokenizer
 from moeviz.models.loading import MODEL_BUILD_LOCK, LoadedModel
@@ -80,7 +81,7 @@ HISTORY_COLUMNS = [
     "step",
     "train_loss",
     "heldout_loss",
-    "aux_loss",
+    "aux_loss_megatron",
     "router_z",
     "load_entropy",
     "dead_experts",
@@ -161,7 +162,8 @@ class LabRouter(MixtralTopKRouter):
     lab_seq: int | None = None  # tokens per sequence of the training batch (for capacity)
     lab_generator: torch.Generator | None = None
     lab_recording: bool = False
-    lab_record: tuple | None = None  # (logits, probs, indices, kept) of the last recorded forward
+    # (logits, probs, indices, kept, top) of the last recorded forward: top = the unbiased top-k [N, k]
+    lab_record: tuple | None = None
 
     def forward(self, hidden_states):
         hidden = hidden_states.reshape(-1, self.hidden_dim)
@@ -171,8 +173,8 @@ class LabRouter(MixtralTopKRouter):
             logits = logits + (self.lab_noise * noise).to(logits.dtype)
         probs = torch.softmax(logits.float(), dim=-1)
         bias = getattr(self, BIAS_NAME, None)
-        chooser = probs if bias is None else probs + bias
-        indices = torch.topk(chooser.detach(), self.top_k, dim=-1).indices
+        top = torch.topk(probs.detach(), self.top_k, dim=-1).indices
+        indices = top if bias is None else torch.topk(probs.detach() + bias, self.top_k, dim=-1).indices
         weights = probs.gather(1, indices)
         weights = weights / weights.sum(dim=-1, keepdim=True)
         kept = None
@@ -180,7 +182,7 @@ class LabRouter(MixtralTopKRouter):
             kept = capacity_keep(indices, probs.detach(), self.lab_seq or len(indices), self.lab_capacity)
             weights = weights * kept
         if self.lab_recording:
-            self.lab_record = (logits, probs, indices, kept)
+            self.lab_record = (logits, probs, indices, kept, top)
         return logits, weights, indices
 
 
@@ -360,10 +362,10 @@ class LabRun:
             for router in self.routers:
                 router.lab_recording, router.lab_record = False, None
         aux_terms, z_terms, selected, kept_counts, dropped = [], [], [], [], []
-        for logits, probs, indices, kept in records:
+        for logits, probs, indices, kept, top in records:
             counts = torch.bincount(indices.reshape(-1), minlength=c.experts)
-            f = counts.float() / indices.numel()
-            aux_terms.append(c.experts * (f * probs.mean(0)).sum())
+            f = torch.bincount(top.reshape(-1), minlength=c.experts).float() / top.numel()
+            aux_terms.append(c.experts * (f * probs.mean(0)).sum())  # aux_loss_megatron
             z_terms.append(torch.logsumexp(logits.float(), dim=-1).pow(2).mean())
             selected.append(counts.numpy())
             if kept is None:
@@ -399,9 +401,9 @@ class LabRun:
             "step": self._step,
             "train_loss": float(out.loss.detach()),
             "heldout_loss": heldout,
-            "aux_loss": float(aux.detach()),
+            "aux_loss_megatron": float(aux.detach()),
             "router_z": float(z.detach()),
-            "load_entropy": float(np.mean([load_entropy_nats(k) for k in kept_arr])),
+            "load_entropy": float(np.mean(load_entropy(kept_arr))),  # normalised, mean over layers
             "dead_experts": int((window_counts == 0).sum()),
             "collapsed": bool(collapsed),
             "dropped_fraction": float(dropped_arr.sum() / (slots * c.layers)),
@@ -533,7 +535,7 @@ class LabRun:
             "config": asdict(self.config),
             "steps_done": step,
             "collapse_step": self.collapse_step,
-            "last": {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in last.items()},
+            "last": last,
             "heldout_by_domain": self.heldout_by_domain,
         }
         if biases is not None:
@@ -542,5 +544,5 @@ class LabRun:
                 "trained with loss-free balancing: its routers added selection_bias to the probabilities "
                 "before top-k; transformers' Mixtral cannot hold it, so this folder routes without it"
             )
-        (folder / "lab.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        (folder / "lab.json").write_text(dumps(meta, indent=2) + "\n", encoding="utf-8")
         return folder

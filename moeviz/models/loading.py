@@ -30,6 +30,13 @@ from moeviz.errors import (
     UnknownSampleError,
     UnsafeWeightsError,
 )
+from moeviz.models.config_keys import (
+    EXPERT_COUNT_KEYS,
+    LAYER_COUNT_KEYS,
+    STRICT_TOP_K_KEYS,
+    config_int,
+    layer_index,
+)
 from moeviz.models.placement import (
     RUNS_QUANTISED,
     ActivationShape,
@@ -470,9 +477,6 @@ _POSITIVE_SIZES = (
     "num_heads", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim",
     "encoder_attention_heads", "decoder_attention_heads", "ffn_hidden_size",
 )  # fmt: skip
-_EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-_TOP_KS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_top_k", "moe_k")
-_LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|blocks|block|h)\.(\d+)\.")
 _EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
 _FUSED_EXPERTS = re.compile(r"\.experts\.[A-Za-z_]+$")
 
@@ -499,14 +503,14 @@ def _check_config(folder: Path, config) -> None:
     top-k outside 1 … E."""
     fields = _config_fields(config)
     for name, value in fields:
-        if name in _POSITIVE_SIZES + _EXPERT_COUNTS and any(v <= 0 for v in _ints(value)):
+        if name in _POSITIVE_SIZES + EXPERT_COUNT_KEYS and any(v <= 0 for v in _ints(value)):
             raise InvalidConfigError(f"{folder}/config.json: {name} must be a positive integer, got {value}")
-    experts = [(n, v) for n, value in fields if n in _EXPERT_COUNTS for v in _ints(value)]
+    experts = [(n, v) for n, value in fields if n in EXPERT_COUNT_KEYS for v in _ints(value)]
     if not experts:
         return
     n_experts = max(v for _, v in experts)
     for name, value in fields:
-        for k in _ints(value) if name in _TOP_KS else []:
+        for k in _ints(value) if name in STRICT_TOP_K_KEYS else []:
             if not 1 <= k <= n_experts:
                 raise InvalidConfigError(
                     f"{folder}/config.json: top-k ({name}) must be 1 … {n_experts} (the number of experts), "
@@ -519,9 +523,9 @@ def _check_config_against_weights(folder: Path, config, entries: dict[str, dict[
     would otherwise build a skeleton for minutes before the weights are found not to match)."""
     if not entries:
         return
-    layers = {int(m.group(1)) for name in entries if (m := _LAYER_INDEX.search(name))}
+    layers = {index for name in entries if (index := layer_index(name)) is not None}
     declared = max(
-        (v for n, value in _config_fields(config) if n in _LAYER_COUNTS for v in _ints(value)), default=0
+        (v for n, value in _config_fields(config) if n in LAYER_COUNT_KEYS for v in _ints(value)), default=0
     )
     if layers and declared > max(layers) + 1:
         raise InvalidConfigError(
@@ -534,15 +538,12 @@ def _check_config_against_weights(folder: Path, config, entries: dict[str, dict[
         if _FUSED_EXPERTS.search(name) and len(entry["shape"]) >= 3
     ]
     experts = max(
-        (v for n, value in _config_fields(config) if n in _EXPERT_COUNTS for v in _ints(value)), default=0
+        (v for n, value in _config_fields(config) if n in EXPERT_COUNT_KEYS for v in _ints(value)), default=0
     )
     if held and experts > max(held):
         raise InvalidConfigError(
             f"{folder}/config.json declares {experts} experts per layer but the weights hold {max(held)}"
         )
-
-
-_LAYER_COUNTS = ("num_hidden_layers", "n_layers", "num_layers", "encoder_layers", "decoder_layers")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -567,11 +568,7 @@ def _load_tokenizer(folder: Path, trust_remote_code: bool):
 
 
 def _num_layers(config) -> int:
-    for attr in ("num_hidden_layers", "n_layers", "num_layers", "encoder_layers"):
-        value = getattr(config, attr, None)
-        if isinstance(value, int):
-            return value
-    return 0
+    return config_int(config, LAYER_COUNT_KEYS) or 0
 
 
 def _max_length(config) -> int | None:

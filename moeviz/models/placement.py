@@ -26,6 +26,7 @@ from moeviz.errors import (
     LoadOptionError,
     UnsupportedQuantizationError,
 )
+from moeviz.models.config_keys import EXPERT_COUNT_KEYS, LAYER_COUNT_KEYS, TOP_K_KEYS, config_int
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -178,24 +179,17 @@ class ActivationShape:
     def of(cls, config) -> ActivationShape:
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
 
-        def first(*names: str, default: int = 0) -> int:
-            for name in names:
-                value = getattr(text, name, None)
-                if isinstance(value, int) and value > 0:
-                    return value
-            return default
+        def first(*keys: str, default: int = 0) -> int:
+            return config_int(text, keys) or default
 
         return cls(
             hidden=first("hidden_size", "d_model", default=1024),
             intermediate=max(
                 first("intermediate_size", "ffn_dim", "d_ff"),
-                first("moe_intermediate_size", "expert_intermediate_size")
-                * first("num_experts_per_tok", "num_experts_per_token", "moe_k", "moe_topk", default=2),
+                first("moe_intermediate_size", "expert_intermediate_size") * first(*TOP_K_KEYS, default=2),
             ),
-            experts=first(
-                "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", default=8
-            ),
-            layers=first("num_hidden_layers", "num_layers", "n_layers", default=1),
+            experts=first(*EXPERT_COUNT_KEYS, default=8),
+            layers=first(*LAYER_COUNT_KEYS, default=1),
             heads=first("num_attention_heads", "n_head", default=8),
             vocab=first("vocab_size", default=32000),
         )

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from moeviz.models.config_keys import ROUTER_NAMES, SHARED_EXPERT_KEYS, TOP_K_KEYS, config_int, layer_index
 from moeviz.models.decoding import NEEDS_EXPERT_ARGS
 
 # model_type -> (score function, decoder). Score function: how router logits become router scores.
@@ -48,9 +49,7 @@ FAMILY_RULES: dict[str, tuple[str, str]] = {
 SUPPORTED_FAMILIES = tuple(sorted(FAMILY_RULES))
 
 _DEFAULT_TOP_K = {"one_hot_mask": 1, "dense_weights": 2}
-_ROUTER_NAMES = ("gate", "router", "wg", "classifier")
 _BIAS_NAME = "e_score_correction_bias"
-_TOP_K_NAMES = ("top_k", "num_experts_per_tok", "num_experts_per_token", "moe_k", "moe_topk", "moe_top_k")
 
 
 @dataclass
@@ -153,7 +152,7 @@ def _sites_by_structure(model: nn.Module, model_type: str | None) -> list[MoESit
         experts = getattr(block, "experts", None)
         if not isinstance(experts, nn.Module):
             continue
-        for router_name in _ROUTER_NAMES:
+        for router_name in ROUTER_NAMES:
             router = getattr(block, router_name, None)
             weight = _router_weight(router) if isinstance(router, nn.Module) else None
             if weight is not None and weight.shape[0] > 1:
@@ -181,7 +180,7 @@ def _make_site(model, name, router, block, experts, logits_index, decoder, score
     shared = getattr(block, "shared_experts", None) or getattr(block, "shared_expert", None)
     return MoESite(
         name=name,
-        layer=_layer_index(name),
+        layer=layer_index(name) or 0,
         site=site,
         stream=stream,
         router=router,
@@ -228,29 +227,15 @@ def _find_bias(module: nn.Module) -> torch.Tensor | None:
     return None
 
 
-def _layer_index(name: str) -> int:
-    """Index of the block that holds the MoE layer: the first integer in the module path."""
-    match = re.search(r"\.(\d+)(\.|$)", name)
-    return int(match.group(1)) if match else 0
-
-
 def _top_k(router: nn.Module, block: nn.Module, config) -> int | None:
-    for source in (router, block):
-        for attr in _TOP_K_NAMES:
-            value = getattr(source, attr, None)
-            if isinstance(value, int):
-                return value
-    for attr in _TOP_K_NAMES:
-        value = getattr(config, attr, None)
-        if isinstance(value, int):
-            return value
-    ffn = getattr(config, "ffn_config", None)
-    return getattr(ffn, "moe_top_k", None)
+    """Experts per token: the router's or its block's own attribute, else the config's (DBRX: its
+    ffn_config)."""
+    for source in (router, block, config, getattr(config, "ffn_config", None)):
+        k = config_int(source, TOP_K_KEYS) if source is not None else None
+        if k is not None:
+            return k
+    return None
 
 
 def _shared_expert_count(config) -> int:
-    for attr in ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts"):
-        value = getattr(config, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 1
+    return config_int(config, SHARED_EXPERT_KEYS) or 1

@@ -24,6 +24,7 @@ from moeviz.analysis.collapse import CollapseThresholds
 from moeviz.errors import InputError
 from moeviz.store.layout import StoreError, slug
 from moeviz.store.query import StoreQuery
+from moeviz.store.writer import TraceSettings
 
 
 def _natural(text: str) -> list:
@@ -66,13 +67,13 @@ def resolve_series(spec: str | Path | Sequence[str | Path]) -> tuple[str, list[t
     return name, list(zip(labels, folders, strict=True))
 
 
-def trace_series(
+def write_series(
     spec: str | Path | Sequence[str | Path],
     corpus: str | Path,
     store: str | Path,
     *,
     model: str | None = None,
-    settings=None,
+    settings: TraceSettings | None = None,
     resume: bool = False,
     progress: bool = True,
     **load_options: Any,
@@ -83,13 +84,13 @@ def trace_series(
     import gc
 
     from moeviz.models import load_model
-    from moeviz.store.writer import trace_corpus
+    from moeviz.store.writer import write_corpus
 
     name, checkpoints = resolve_series(spec)
     name = model or name
     for index, (label, folder) in enumerate(checkpoints):
         loaded = load_model(folder, **load_options)
-        trace_corpus(
+        write_corpus(
             loaded,
             corpus,
             store,

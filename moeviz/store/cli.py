@@ -104,9 +104,9 @@ def run_trace(args: argparse.Namespace) -> int:
 
     from moeviz.corpus import check_corpus
     from moeviz.models import load_model
-    from moeviz.store.checkpoints import trace_series
+    from moeviz.store.checkpoints import write_series
     from moeviz.store.layout import check_label, list_runs
-    from moeviz.store.writer import trace_corpus
+    from moeviz.store.writer import write_corpus
 
     settings = _settings(args)
     check_corpus(args.corpus)  # bad input fails before anything is loaded or written
@@ -120,19 +120,19 @@ def run_trace(args: argparse.Namespace) -> int:
     series = _is_series(args.model)
     if series and args.checkpoint:
         raise InputError("--checkpoint labels one model; a series takes its labels from the folders")
-    # what every path takes; a single model also takes its checkpoint label
+    # RUN_KEYWORDS, what every writer takes; a single model also takes its checkpoint label
     common = {"model": args.label, "settings": settings, "resume": args.resume, "progress": not args.quiet}
     checkpoint = args.checkpoint or "final"
     try:
         if ray is not None:
-            from moeviz.store.distributed import trace_corpus_ray, trace_series_ray
+            from moeviz.store.distributed import write_corpus_ray, write_series_ray
 
             if series:
-                trace_series_ray(
+                write_series_ray(
                     args.model, args.corpus, args.out, options=ray, **load_kwargs(args), **placement, **common
                 )
             else:
-                trace_corpus_ray(
+                write_corpus_ray(
                     args.model,
                     args.corpus,
                     args.out,
@@ -143,11 +143,11 @@ def run_trace(args: argparse.Namespace) -> int:
                     **common,
                 )
         elif series:
-            trace_series(args.model, args.corpus, args.out, **load_kwargs(args), **placement, **common)
+            write_series(args.model, args.corpus, args.out, **load_kwargs(args), **placement, **common)
         else:
             progress = None if args.quiet else load_progress()
             loaded = load_model(args.model, **load_kwargs(args), **placement, progress=progress)
-            trace_corpus(loaded, args.corpus, args.out, checkpoint=checkpoint, **common)
+            write_corpus(loaded, args.corpus, args.out, checkpoint=checkpoint, **common)
     except KeyboardInterrupt:
         print(
             "moeviz: interrupted; every completed batch is saved. "
@@ -167,7 +167,7 @@ def run_checkpoint_report(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     from moeviz.corpus import check_corpus
-    from moeviz.store.checkpoints import checkpoint_timeline, render_timeline, resolve_series, trace_series
+    from moeviz.store.checkpoints import checkpoint_timeline, render_timeline, resolve_series, write_series
 
     settings = _settings(args)
     check_corpus(args.corpus)
@@ -175,7 +175,7 @@ def run_checkpoint_report(args: argparse.Namespace) -> int:
     hf_logging.disable_progress_bar()
     store = args.store or Path(tempfile.mkdtemp(prefix="moeviz-timeline-"))
     try:
-        trace_series(args.checkpoints, args.corpus, store, settings=settings, resume=True)
+        write_series(args.checkpoints, args.corpus, store, settings=settings, resume=True)
         timeline = checkpoint_timeline(store, model=name)
     finally:
         if args.store is None:

@@ -5,7 +5,7 @@ with a `device_map`), and turns batches into store rows with the same `batch_tab
 writer uses, writing its own Parquet parts straight into the run folder. The driver walks the same fixed
 batch plan (`iter_batches`), hands each batch not yet in the manifest to a free worker (at most `DEPTH`
 per worker in flight, so memory stays bounded), and appends each finished part to the manifest and
-finishes the run as `trace_corpus` does: the store is the one a single process writes, and `--resume`
+finishes the run as `write_corpus` does: the store is the one a single process writes, and `--resume`
 continues a run started with or without Ray. Manifest lines are in completion order (readers key them by
 batch). Every worker must see the store folder at the same path (a shared filesystem on a cluster).
 """
@@ -144,17 +144,17 @@ def _start_workers(ray, source: str, options: RayOptions, load_kwargs: dict[str,
     return workers
 
 
-def trace_corpus_ray(
+def write_corpus_ray(
     source: str | Path,
     corpus: str | Path,
     store: str | Path,
     *,
     model: str | None = None,
-    checkpoint: str = "final",
-    checkpoint_index: int = 0,
     settings: TraceSettings | None = None,
     resume: bool = False,
     progress: bool = True,
+    checkpoint: str = "final",
+    checkpoint_index: int = 0,
     options: RayOptions | None = None,
     device_map: str | int | dict[str, Any] | None = None,
     offload_folder: str | Path | None = None,
@@ -163,11 +163,11 @@ def trace_corpus_ray(
     dtype: str = "auto",
     device: str = "auto",
 ) -> RunInfo:
-    """`trace_corpus` with the model loaded and run on `options.workers` Ray actors (see the module doc).
+    """`write_corpus` with the model loaded and run on `options.workers` Ray actors (see the module doc).
 
     `source` is what `moeviz.load_model` takes (a folder every worker can read, or `sample:NAME`);
     `device_map` / `offload_folder` / `max_memory` / `dtype` / `device` go to it (GPU workers default to
-    `device_map="auto"`). Returns the run, row for row the one `trace_corpus` writes on the same device
+    `device_map="auto"`). Returns the run, row for row the one `write_corpus` writes on the same device
     type."""
     from moeviz.models.loading import SAMPLE_PREFIX, read_source
 
@@ -284,7 +284,7 @@ def _dispatch(
     return total, layers
 
 
-def trace_series_ray(
+def write_series_ray(
     spec: str | Path | Sequence[str | Path],
     corpus: str | Path,
     store: str | Path,
@@ -296,9 +296,9 @@ def trace_series_ray(
     options: RayOptions | None = None,
     **load_options: Any,
 ) -> tuple[str, list[str]]:
-    """`trace_series` on Ray: each checkpoint in turn on all workers (one Ray session for the series).
+    """`write_series` on Ray: each checkpoint in turn on all workers (one Ray session for the series).
     `load_options` (device_map, offload_folder, max_memory, dtype, device, trust_remote_code) go to
-    `trace_corpus_ray`.
+    `write_corpus_ray`.
 
     Returns (model label, checkpoint labels in order)."""
     from moeviz.store.checkpoints import resolve_series
@@ -308,7 +308,7 @@ def trace_series_ray(
     name = model or name
     with ray_session(options):
         for index, (label, folder) in enumerate(checkpoints):
-            trace_corpus_ray(
+            write_corpus_ray(
                 folder,
                 corpus,
                 store,

@@ -17,14 +17,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from moeviz.analysis.collapse import CollapseThresholds, LayerVerdict, judge_layer
-from moeviz.analysis.load import (
+from moeviz.analysis.balance import (
     BALANCE_COLUMNS,
     EXPERT_BALANCE_COLUMNS,
     balance_from_counts,
     balance_record,
     expert_balance_rows,
 )
+from moeviz.analysis.collapse import CollapseThresholds, LayerVerdict, judge_layer
 from moeviz.analysis.losses import bias_stats
 from moeviz.store.layout import RunInfo, StoreError, check_part, list_runs, validate_store
 

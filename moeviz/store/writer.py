@@ -415,17 +415,23 @@ class _PartWriter:
             raise self.error
 
 
-def trace_corpus(
+# The keywords every writer of a corpus run takes, first and in this order (`write_corpus`, `write_series`
+# and their Ray versions; tests/test_store.py checks the signatures): the model label (default: from the
+# source), TraceSettings, resume a run, show progress. A single run also takes its checkpoint label/index.
+RUN_KEYWORDS = ("model", "settings", "resume", "progress")
+
+
+def write_corpus(
     loaded,
     corpus: str | Path,
     store: str | Path,
     *,
     model: str | None = None,
-    checkpoint: str = "final",
-    checkpoint_index: int = 0,
     settings: TraceSettings | None = None,
     resume: bool = False,
     progress: bool = True,
+    checkpoint: str = "final",
+    checkpoint_index: int = 0,
     on_batch: Callable[[Batch], None] | None = None,
 ) -> RunInfo:
     """Route every token of `corpus` through `loaded` (a `moeviz.LoadedModel`) into `store`.

@@ -1,55 +1,27 @@
 """Capacity-factor replay: which routed slots a fixed expert capacity would have dropped.
 
-Capacity per expert C = ceil((T·k / E)·CF) for the T tokens of one dispatch group, here one stream (sequence);
-NVIDIA/Megatron-LM megatron/core/transformer/moe/moe_utils.py `get_capacity(num_tokens=T·k, E, CF)` computes
-it in float, which can land one above the exact value (T=440, k=2, E=8, CF=1.1 → 122; exact 121).
-Policies: ``probs`` keeps, per over-full expert, the C assignments with the largest combination weight
-(ties → earlier token, then earlier slot); ``position`` keeps the first C arrivals in token order (within a
-token, slot order) — Megatron's stated intent. Slots the model itself dropped (-1) stay dropped and are not
-replay drops.
+Capacity per expert C = ceil((T·k / E)·CF) for the T tokens of one dispatch group, here one sequence
+(`moeviz.scoring.expert_capacity`: Megatron's float order, or exact).
+Policies (`moeviz.scoring.capacity_ranks`): ``probs`` keeps, per over-full expert, the C assignments with the
+largest combination weight (ties → earlier token, then earlier slot); ``position`` keeps the first C arrivals
+in token order (within a token, slot order) — Megatron's stated intent. Slots the model itself dropped (-1)
+stay dropped and are not replay drops.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 
 import numpy as np
 import pandas as pd
 
 from moeviz.errors import InputError
-from moeviz.scoring import expert_capacity as expert_capacity  # moved down for moeviz.analysis; re-exported
+from moeviz.scoring import capacity_ranks, expert_capacity
 from moeviz.whatif.routes import LayerRoutes, Routes
 
 DROP_POLICIES = ("probs", "position")
 DEFAULT_CFS = (1.0, 1.25, 1.5, 2.0)
-
-
-def _capacities(tokens: np.ndarray, k: int, experts: int, cf: float, exact: bool) -> np.ndarray:
-    """[G] capacity of each group; numpy float64 does the same IEEE operations as Megatron's Python floats."""
-    if exact:
-        frac = Fraction(repr(float(cf)))
-        num = tokens.astype(object) * k * frac.numerator
-        return np.array([-(-int(n) // (experts * frac.denominator)) for n in num], dtype=np.int64)
-    return np.ceil((tokens * k / experts) * cf).astype(np.int64)
-
-
-def _monotone_desc(weights: np.ndarray) -> np.ndarray:
-    """float32 → uint32 whose ascending order is the weights' descending order."""
-    bits = weights.astype(np.float32).view(np.int32).astype(np.int64)
-    ordered = np.where(bits < 0, ~bits & 0x7FFFFFFF, bits | 0x80000000)  # ascending in weight
-    return 0xFFFFFFFF - ordered
-
-
-def _group_order(cell: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
-    """[A] order sorting assignments by cell, then (probs) weight descending, then arrival (token, slot).
-
-    Input is already in arrival order, so a stable sort supplies the last tie-break."""
-    if weights is not None:  # one packed key; the stable sort keeps arrival order on ties
-        return np.argsort((cell << 32) | _monotone_desc(weights), kind="stable")
-    small = cell.max(initial=0) < 2**16  # radix sort for 16-bit keys
-    return np.argsort(cell.astype(np.uint16) if small else cell, kind="stable")
 
 
 @dataclass(frozen=True)
@@ -74,7 +46,7 @@ def _rank_layer(layer: LayerRoutes, policy: str, buckets: int, min_cf: float, ex
     """Ranks within each (group, expert) cell; a cell that fits even at the smallest CF never drops at any
     CF, so only over-full cells are sorted (rank 0 elsewhere): balanced routing sorts almost nothing."""
     n, k, experts = layer.tokens, layer.k, int(layer.num_experts)
-    starts = np.flatnonzero(np.r_[True, layer.stream[1:] != layer.stream[:-1]]) if n else np.zeros(0, int)
+    starts = np.flatnonzero(np.r_[True, layer.seq[1:] != layer.seq[:-1]]) if n else np.zeros(0, int)
     lengths = np.diff(np.r_[starts, n])
     token_group = np.repeat(np.arange(len(starts)), lengths)
     within = np.arange(n) - np.repeat(starts, lengths)
@@ -86,17 +58,13 @@ def _rank_layer(layer: LayerRoutes, policy: str, buckets: int, min_cf: float, ex
     group = token_group[token]
     cell = group * experts + expert
     fits = np.bincount(cell, minlength=len(lengths) * experts) <= np.repeat(
-        _capacities(lengths, k, experts, min_cf, exact), experts
+        expert_capacity(lengths, k, experts, min_cf, exact), experts
     )
     rank = np.zeros(len(cell), dtype=np.int64)
-    over = np.flatnonzero(~fits[cell])  # arrival order kept: the stable sort's last tie-break
+    over = np.flatnonzero(~fits[cell])  # arrival order kept: capacity_ranks' last tie-break
     if len(over):
         weights = layer.weights.reshape(-1)[valid][over] if policy == "probs" else None
-        order = _group_order(cell[over], weights)
-        sorted_cell = cell[over][order]
-        first = np.r_[True, sorted_cell[1:] != sorted_cell[:-1]]
-        start_index = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))
-        rank[over[order]] = np.arange(len(order)) - start_index
+        rank[over] = capacity_ranks(cell[over], weights)
     return _LayerRanks(token, expert, group, rank, lengths, token_bucket, n, over)
 
 
@@ -158,7 +126,7 @@ def replay_capacity(
     buckets: int = 10,
     exact: bool = False,
 ) -> CapacityResult:
-    """Replay every layer's routing under each capacity factor; dispatch group = one stream."""
+    """Replay every layer's routing under each capacity factor; dispatch group = one sequence."""
     if policy not in DROP_POLICIES:
         raise InputError(f"unknown drop policy {policy!r}; choose one of {', '.join(DROP_POLICIES)}")
     if not cfs or any(not cf > 0 for cf in cfs):
@@ -178,7 +146,7 @@ def replay_capacity(
         o_rank, o_group, o_token = ranks.rank[over], ranks.group[over], ranks.token[over]
         o_expert, o_bucket = ranks.expert[over], ranks.token_bucket[o_token]
         for ci, cf in enumerate(cfs):
-            caps = _capacities(ranks.group_tokens, layer.k, experts, cf, exact)
+            caps = expert_capacity(ranks.group_tokens, layer.k, experts, cf, exact)
             dropped = o_rank >= caps[o_group]
             per_expert = np.bincount(o_expert[dropped], minlength=experts)
             lost = o_token[dropped]  # ascending (arrival order): count each token's run of drops

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,11 +25,12 @@ from moeviz.cli_flags import (
     prompt_inputs,
 )
 from moeviz.errors import InputError
+from moeviz.jsonable import dumps
 
 DEFAULT_CFS = "1.0,1.25,1.5,2.0"
 EP_COLUMNS = {  # layers_frame column -> the text table's shorter header
     "layer": "layer",
-    "balancedness": "balancedness",
+    "ep_balancedness": "ep_balancedness",
     "max_gpu_load": "max_load",
     "mean_gpu_load": "mean_load",
     "dispatch_bytes_local": "local",
@@ -63,7 +63,7 @@ def add_whatif_parser(commands) -> argparse.ArgumentParser:
 
     ep = sims.add_parser(
         "ep",
-        help="expert parallelism: load per GPU, balancedness, All-to-All bytes and time",
+        help="expert parallelism: load per GPU, ep_balancedness, All-to-All bytes and time",
         description="Place the experts on GPUs and count each GPU's load and the All-to-All dispatch bytes "
         f"(DeepEP's per-GPU de-duplication). {MODEL_LOADED}.",
     )
@@ -456,7 +456,7 @@ def _run_ep(args: argparse.Namespace, bar) -> str:
     bar.update()
     payload = {**result.to_json(), "fit": fitted, "config": _config_json(config), "notes": notes}
     if args.format == "json":
-        return _json(payload)
+        return dumps(payload)
     head = [
         f"{payload['model']}: {payload['tokens']} tokens, {len(routes.layers)} MoE layers; placement "
         f"{args.placement} over {args.gpus} GPUs ({args.gpus_per_node} per node), {args.redundant} redundant "
@@ -467,8 +467,11 @@ def _run_ep(args: argparse.Namespace, bar) -> str:
     frame = result.layers_frame().rename(columns=EP_COLUMNS)[list(EP_COLUMNS.values())]
     totals = {EP_COLUMNS.get(key, key): value for key, value in payload["totals"].items()}
     tail = [
-        f"balancedness over layers (Σ mean / Σ max, vLLM): {result.balancedness:.4f}",
-        "total: " + ", ".join(f"{key} {_number(v)}" for key, v in totals.items() if key != "balancedness"),
+        f"ep_balancedness_over_layers (Σ mean / Σ max, vLLM): {result.ep_balancedness_over_layers:.4f}",
+        "total: "
+        + ", ".join(
+            f"{key} {_number(v)}" for key, v in totals.items() if key != "ep_balancedness_over_layers"
+        ),
         "bytes: local = to the token's own GPU (no link), intra/inter = de-duplicated per destination GPU "
         "(DeepEP), nodedup = one message per remote (token, expert), node_rdma = once per remote node",
     ]
@@ -529,10 +532,10 @@ def _run_offload(args: argparse.Namespace, bar) -> str:
         payload["prefetch"] = prefetch.to_dict(orient="records")
         payload["prefetch_definition"] = PREFETCH
     if args.format == "json":
-        return _json(payload)
+        return dumps(payload)
     frame = pd.concat([r.layers_frame() for r in results], ignore_index=True)
     head = [
-        f"{payload['model']}: {payload['tokens']} tokens in {routes.streams} sequence(s), "
+        f"{payload['model']}: {payload['tokens']} tokens in {routes.sequences} sequence(s), "
         f"{len(routes.layers)} MoE layers; cache {args.cache} experts per layer, one expert "
         f"{nbytes:,} bytes ({args.expert_dtype}), {args.bandwidth:g} GB/s",
         *(f"definition: {d}" for d in definitions),
@@ -568,11 +571,11 @@ def _run_capacity(args: argparse.Namespace, bar) -> str:
     bar.update()
     payload = {**result.to_json(), "notes": notes}
     if args.format == "json":
-        return _json(payload)
+        return dumps(payload)
     cfs = ", ".join(f"{c:g}" for c in args.cf)
     head = [
-        f"{payload['model']}: {payload['tokens']} tokens in {routes.streams} sequence(s) (one dispatch group "
-        f"each), {len(routes.layers)} MoE layers; policy {args.policy}, CF {cfs}",
+        f"{payload['model']}: {payload['tokens']} tokens in {routes.sequences} sequence(s) (one dispatch "
+        f"group each), {len(routes.layers)} MoE layers; policy {args.policy}, CF {cfs}",
         f"definition: {result.definition}",
     ]
     frame, positions = result.layers_frame(), result.position_frame()
@@ -604,7 +607,7 @@ def _run_quant(args: argparse.Namespace, bar) -> str:
     bar.update(2)
     payload = result.to_json()
     if args.format == "json":
-        return _json(payload)
+        return dumps(payload)
     frame = result.layers_frame()
     head = [
         f"{payload['model']}: {payload['tokens']} tokens, {frame.layer.nunique()} MoE layers; "
@@ -632,25 +635,6 @@ def _run_quant(args: argparse.Namespace, bar) -> str:
 
 
 # ---------------------------------------------------------------- output
-
-
-def _json(payload: dict[str, Any]) -> str:
-    """Strict JSON: NaN and ±inf (a hit rate over no steps, a comm share without FLOPs) -> null."""
-    return json.dumps(_finite(payload), indent=1, allow_nan=False)
-
-
-def _finite(value: Any) -> Any:
-    import math
-
-    if isinstance(value, dict):
-        return {key: _finite(v) for key, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # a numpy scalar
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def _render(head: list[str], frame, tail: list[str], notes: list[str]) -> str:

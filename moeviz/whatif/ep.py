@@ -13,8 +13,9 @@ Definitions (docs/deployment-whatifs.md, "Expert parallelism"):
   load model: the i-th token that chose e, in row order, goes to copy i mod r) or `vllm` ((t·k + j) mod r
   for slot j, vLLM's `eplb_map_to_physical_and_record`; when r divides k this is j mod r, so the copy
   follows the slot and load does not spread).
-- Load of GPU g = (token, expert) assignments it serves; balancedness b = mean_g / max_g per layer
-  (SGLang `compute_utilization_rate`), over layers Σ_l mean / Σ_l max (vLLM's log line).
+- Load of GPU g = (token, expert) assignments it serves; ep_balancedness b = mean_g / max_g per layer
+  (SGLang `compute_utilization_rate`), ep_balancedness_over_layers Σ_l mean / Σ_l max (vLLM's log line):
+  `moeviz.analysis.balance`'s functions, the ones `moeviz report --devices` uses.
 - Dispatch (DeepEP normal kernels, `get_dispatch_layout`): a token is sent once per destination GPU that
   holds any of its experts. Local = its own GPU (no link), intra = another GPU of its node, inter = another
   node. No-dedup = one message per (token, expert) on another GPU (Megatron's All-to-All dispatcher,
@@ -38,8 +39,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from moeviz.analysis.load import expert_counts
+from moeviz.analysis.balance import ep_balancedness, ep_balancedness_over_layers, expert_counts
 from moeviz.errors import InputError
+from moeviz.jsonable import jsonable
 from moeviz.whatif.eplb import balanced_packing, rebalance_experts, replicate_experts
 from moeviz.whatif.routes import LayerRoutes, Routes
 
@@ -50,7 +52,7 @@ MESSAGE_DTYPES = ("bf16", "fp8")
 
 DEFINITION = (
     "DeepEP dispatch (once per destination GPU; combine = dispatch), load = (token, expert) assignments, "
-    "balancedness mean/max per layer (SGLang) and Σmean/Σmax over layers (vLLM)"
+    "ep_balancedness mean/max per layer (SGLang) and ep_balancedness_over_layers Σmean/Σmax (vLLM)"
 )
 
 
@@ -385,13 +387,13 @@ def _simulate_layer(layer: LayerRoutes, phy2log: np.ndarray, config: EPConfig) -
     link_s = sent_intra / (config.nvlink_gbps * 1e9) + sent_inter / (config.internode_gbps * 1e9)
     a2a = 2.0 * float(link_s.max()) if g else 0.0
     compute = float(load.max()) * config.expert_flops_per_token / (config.gpu_tflops * 1e12)
-    mean, peak = float(load.mean()), float(load.max())
+    peak = float(load.max())
     byte_local, byte_intra, byte_inter = (np.count_nonzero(m) * msg for m in (local, intra, inter))
     return {
         "layer": layer.layer,
-        "balancedness": mean / peak if peak > 0 else float("nan"),
+        "ep_balancedness": ep_balancedness(load),
         "max_gpu_load": int(peak),
-        "mean_gpu_load": mean,
+        "mean_gpu_load": float(load.mean()),
         "dispatch_bytes_local": byte_local,
         "dispatch_bytes_intra": byte_intra,
         "dispatch_bytes_inter": byte_inter,
@@ -426,17 +428,6 @@ BYTE_COLUMNS = (
 )
 
 
-def _plain(value: Any) -> Any:
-    """numpy scalars → python; NaN → None (JSON has no NaN)."""
-    if isinstance(value, np.ndarray):
-        return [_plain(v) for v in value.tolist()]
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        return None if np.isnan(value) else float(value)
-    return value
-
-
 @dataclass(frozen=True)
 class EPResult:
     """One EP simulation: per-layer rows (see `layers_frame`) and the loads per GPU [L, G]."""
@@ -455,14 +446,12 @@ class EPResult:
         return np.stack([r["gpu_load"] for r in self.rows])
 
     @property
-    def balancedness(self) -> float:
+    def ep_balancedness_over_layers(self) -> float:
         """vLLM's over-layer figure: Σ_l mean_g load / Σ_l max_g load."""
-        load = self.gpu_load
-        peak = float(load.max(axis=1).sum())
-        return float(load.mean(axis=1).sum()) / peak if peak > 0 else float("nan")
+        return ep_balancedness_over_layers(self.gpu_load)
 
     def layers_frame(self) -> pd.DataFrame:
-        """One row per layer: balancedness, loads, dispatch bytes by kind, combine bytes, times, share."""
+        """One row per layer: ep_balancedness, loads, dispatch bytes by kind, combine bytes, times, share."""
         return pd.DataFrame([{k: v for k, v in r.items() if k != "gpu_load"} for r in self.rows])
 
     def gpu_load_frame(self) -> pd.DataFrame:
@@ -478,25 +467,26 @@ class EPResult:
         )
 
     def totals(self) -> dict[str, Any]:
-        """Sums over layers (bytes, times), vLLM's balancedness, and the overall comm share."""
+        """Sums over layers (bytes, times), ep_balancedness_over_layers (vLLM's), and the overall comm
+        share."""
         frame = self.layers_frame()
         out: dict[str, Any] = {c: int(frame[c].sum()) for c in BYTE_COLUMNS}
         a2a, compute = float(frame["a2a_time_s"].sum()), float(frame["compute_time_s"].sum())
         out.update(
-            balancedness=self.balancedness,
+            ep_balancedness_over_layers=self.ep_balancedness_over_layers,
             a2a_time_s=a2a,
             compute_time_s=compute,
             comm_share=_share(a2a, compute, self.config),
         )
-        return {k: _plain(v) for k, v in out.items()}
+        return jsonable(out)
 
     def to_json(self) -> dict[str, Any]:
-        layers = [{k: _plain(v) for k, v in r.items()} for r in self.rows]
+        layers = jsonable(self.rows)
         return {
             "model": self.model,
             "tokens": int(self.tokens),
             "placement": self.placement.kind,
-            "balancedness": _plain(self.balancedness),
+            "ep_balancedness_over_layers": jsonable(self.ep_balancedness_over_layers),
             "definition": self.definition,
             "same_data": bool(self.same_data),
             "fitted_on": self.placement.fitted_on,

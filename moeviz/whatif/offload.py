@@ -1,19 +1,21 @@
 """Expert offloading: per MoE layer a GPU cache of C experts, the rest in CPU RAM, replayed over real routing.
 
-Definitions (docs/deployment-whatifs.md): step s (one token, in decode order within its stream) needs its
-distinct experts R_s resident at once; demand loads only; the victim is never in R_s; cold start per stream.
+Definitions (docs/deployment-whatifs.md): step s (one token, in decode order within its sequence) needs its
+distinct experts R_s resident at once; demand loads only; the victim is never in R_s; cold start per sequence.
 hit rate = hits / Σ|R_s|; bytes = misses × expert bytes (cold misses count); stall = bytes / bandwidth (no
 overlap: an upper bound). Policies:
 
 - ``lru`` as dvmazur/mixtral-offloading ``src/expert_cache.py``: the step's resident experts are touched first
   (ascending id), then misses load in ascending id, each evicting the least recently used;
 - ``lfu``: fewest accesses so far (counts kept after eviction), ties → least recently used → lowest id;
-- ``belady``: evict the farthest next use within the stream (never again = infinitely far), ties → lowest id.
+- ``belady``: evict the farthest next use within the sequence (never again = infinitely far), ties → lowest
+  id.
 
-Every (layer, stream) pair is an independent cache, so all of them are simulated at once: the only Python loop
-runs over the step index within a stream. Because the victim is never in R_s and the step's own loads are
-never evicted, the m misses of a step evict exactly the m smallest eviction keys among the other residents,
-whatever order they load in; each policy packs its tie-breaks into one int64 key so an argmin decides.
+Every (layer, sequence) pair is an independent cache, so all of them are simulated at once: the only
+Python loop runs over the step index within a sequence. Because the victim is never in R_s and the step's
+own loads are never evicted, the m misses of a step evict exactly the m smallest eviction keys among the
+other residents, whatever order they load in; each policy packs its tie-breaks into one int64 key so an
+argmin decides.
 """
 
 from __future__ import annotations
@@ -32,17 +34,17 @@ DEFINITIONS = {
     "lru": "LRU as dvmazur/mixtral-offloading src/expert_cache.py (hits touched first in ascending id, "
     "then misses load in ascending id, each evicting the least recently used)",
     "lfu": "LFU (fewest accesses so far, counts kept after eviction; ties → least recently used → lowest id)",
-    "belady": "Belady (evict the farthest next use within the stream; never again = infinitely far; "
+    "belady": "Belady (evict the farthest next use within the sequence; never again = infinitely far; "
     "ties → lowest id)",
 }
-COMMON = "cold start per stream; demand loads only; stall = bytes / bandwidth (no overlap: an upper bound)"
+COMMON = "cold start per sequence; demand loads only; stall = bytes / bandwidth (no overlap: an upper bound)"
 _PROTECTED = np.iinfo(np.int64).max  # key of a slot holding an expert of the current step: never evicted
 _EMPTY = -1  # key of a free slot: below every real key, so a miss fills free slots before evicting
 
 
 @dataclass(frozen=True)
 class _Prepared:
-    """Every layer's streams as rows of one batch, rows ordered by stream length (longest first).
+    """Every layer's sequences as rows of one batch, rows ordered by sequence length (longest first).
 
     - flat [T, B, k] intp: row·E + expert of step t's distinct experts (ascending id), `dummy` = no expert
     - active [T] int: rows still decoding at step t (rows are sorted, so the active rows are a prefix)
@@ -94,12 +96,12 @@ def _sorted_distinct(experts: np.ndarray, sentinel: int) -> np.ndarray:
 def _prepare(routes: Routes) -> _Prepared:
     experts = max(int(r.num_experts) for r in routes.layers)
     k = max(r.k for r in routes.layers)
-    pieces = []  # (layer index, stream start, stream length, sorted distinct experts of the layer)
+    pieces = []  # (layer index, sequence start, sequence length, sorted distinct experts of the layer)
     for li, layer in enumerate(routes.layers):
         n = layer.tokens
         if n == 0:
             continue
-        starts = np.flatnonzero(np.r_[True, layer.stream[1:] != layer.stream[:-1]])
+        starts = np.flatnonzero(np.r_[True, layer.seq[1:] != layer.seq[:-1]])
         lengths = np.diff(np.r_[starts, n])
         distinct = np.full((n, k), experts, dtype=np.int64)
         distinct[:, : layer.k] = _sorted_distinct(layer.experts.astype(np.int64), experts)
@@ -142,7 +144,7 @@ def _prepare(routes: Routes) -> _Prepared:
 
 
 def _next_use(prep: _Prepared) -> np.ndarray:
-    """[T, B, k] int32: the step at which this access's expert is next needed in its stream (T = never)."""
+    """[T, B, k] int32: the step at which this access's expert is next needed in its sequence (T = never)."""
     longest = prep.flat.shape[0]
     seen = np.full(prep.dummy + 1, longest, dtype=np.int32)
     out = np.empty(prep.flat.shape, dtype=np.int32)
@@ -230,7 +232,8 @@ def _keys(
 class OffloadResult:
     """One policy at one cache size, every MoE layer. Arrays are per layer [L] unless said otherwise.
 
-    step_misses [T]: misses at each decode step (step index within its stream), over all streams and layers.
+    step_misses [T]: misses at each decode step (step index within its sequence), over all sequences and
+    layers.
     """
 
     model: str
@@ -358,7 +361,7 @@ def simulate_offload(
 ) -> OffloadResult:
     """Replay every layer's routing through a cache of `cache` experts per layer under `policy`.
 
-    Each stream is one sequence decoded on its own (cold start); all layers and streams are simulated at
+    Each sequence is decoded on its own (cold start); all layers and sequences are simulated at
     once. `step_time_s` (optional) is compute time per decode step per layer, added to the stall for the
     tokens/s bound."""
     (result,) = simulate_offload_policies(routes, cache, (policy,), expert_bytes, bandwidth_gbps, step_time_s)

@@ -1,8 +1,8 @@
 """The routing the deployment simulators replay: per MoE layer, each token's dispatched experts in order.
 
 One shape for every source (a Trace from `capture`, with or without `generate`; a corpus store), so the
-simulators never care where the routing came from. Rows are sorted by (stream, pos): a stream is one
-sequence, the order a server would decode it in.
+simulators never care where the routing came from. Rows are sorted by (seq, pos): `seq` is the sequence id
+(the Trace's `seq`), the order a server would decode it in.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class LayerRoutes:
 
     - experts [N, k] int64: dispatched experts by descending weight; -1 = a slot the model's capacity dropped
     - weights [N, k] float32: combination weights (0 for a dropped slot)
-    - stream [N] int64: sequence id (each sequence is decoded on its own); rows sorted by (stream, pos)
+    - seq [N] int64: sequence id (each sequence is decoded on its own); rows sorted by (seq, pos)
     - pos [N] int64: position within the sequence
     - n_group, topk_group: group-limited routing (DeepSeek-V3 style), None otherwise
     """
@@ -31,14 +31,14 @@ class LayerRoutes:
     site: str
     experts: np.ndarray
     weights: np.ndarray
-    stream: np.ndarray
+    seq: np.ndarray
     pos: np.ndarray
     num_experts: int
     n_group: int | None = None
     topk_group: int | None = None
 
     def __post_init__(self) -> None:
-        n = len(self.stream)
+        n = len(self.seq)
         if self.experts.ndim != 2 or self.experts.shape[0] != n or self.weights.shape != self.experts.shape:
             raise ValueError(
                 f"layer {self.layer}: experts {self.experts.shape} / weights {self.weights.shape} "
@@ -53,7 +53,7 @@ class LayerRoutes:
 
     @property
     def tokens(self) -> int:
-        return len(self.stream)
+        return len(self.seq)
 
     def take(self, rows: np.ndarray) -> LayerRoutes:
         """The same layer restricted to `rows` (a boolean mask or indices), order kept."""
@@ -61,7 +61,7 @@ class LayerRoutes:
             self,
             experts=self.experts[rows],
             weights=self.weights[rows],
-            stream=self.stream[rows],
+            seq=self.seq[rows],
             pos=self.pos[rows],
         )
 
@@ -85,8 +85,8 @@ class Routes:
         return self.layers[0].tokens
 
     @property
-    def streams(self) -> int:
-        return len(np.unique(self.layers[0].stream))
+    def sequences(self) -> int:
+        return len(np.unique(self.layers[0].seq))
 
     def layer(self, layer: int, site: str | None = None) -> LayerRoutes:
         for routes in self.layers:
@@ -101,11 +101,11 @@ class Routes:
         position (the first `fit_fraction` of its tokens). `how` says which, for the screen."""
         if not 0.0 < fit_fraction < 1.0:
             raise InputError(f"fit fraction must be in (0, 1), got {fit_fraction}")
-        ids = np.unique(self.layers[0].stream)
+        ids = np.unique(self.layers[0].seq)
         if len(ids) >= 2:
             cut = ids[max(1, min(len(ids) - 1, round(len(ids) * fit_fraction)))]
-            fit = [r.take(r.stream < cut) for r in self.layers]
-            rest = [r.take(r.stream >= cut) for r in self.layers]
+            fit = [r.take(r.seq < cut) for r in self.layers]
+            rest = [r.take(r.seq >= cut) for r in self.layers]
             how = f"fitted on sequences 0–{cut - 1}, evaluated on sequences {cut}–{ids[-1]}"
         else:
             n = self.tokens
@@ -135,7 +135,7 @@ def routes_from_trace(trace: Trace, site: str | None = None) -> Routes:
                 site=routing.site,
                 experts=routing.experts[order].astype(np.int64),
                 weights=routing.weights[order].astype(np.float32),
-                stream=seq[order],
+                seq=seq[order],
                 pos=pos[order],
                 num_experts=routing.num_experts,
                 n_group=routing.n_group,
@@ -181,7 +181,7 @@ def routes_from_store(
                 site=site,
                 experts=experts,
                 weights=columns["weight"][start:end].astype(np.float32).reshape(shape),
-                stream=columns["seq"][start:end:k].astype(np.int64),
+                seq=columns["seq"][start:end:k].astype(np.int64),
                 pos=columns["pos"][start:end:k].astype(np.int64),
                 num_experts=num_experts,
                 n_group=info.get("n_group"),

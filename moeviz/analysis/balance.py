@@ -31,12 +31,74 @@ def expert_counts(routing: LayerRouting) -> np.ndarray:
     return np.bincount(experts, minlength=routing.num_experts).astype(np.int64)
 
 
-def load_entropy_nats(counts: np.ndarray) -> float:
-    """H(c / Σc) in nats of loads [E] (0 log 0 = 0); 0 when Σc = 0."""
-    c = np.asarray(counts)
-    total = c.sum()
-    p = c[c > 0] / total
-    return float(-(p * np.log(p)).sum())
+def load_entropy_nats(counts: np.ndarray) -> np.ndarray | float:
+    """H(c / Σc) in nats of loads [..., E] → [...] (a float for one vector); 0 log 0 = 0, and 0 where Σc = 0.
+
+    The one entropy of a load: `load_entropy` normalises it, the null model's deficiency statistic and
+    the Lab's history use it."""
+    c = np.asarray(counts, dtype=np.float64)
+    total = c.sum(axis=-1, keepdims=True)
+    p = np.divide(c, total, out=np.zeros_like(c), where=total > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0)
+    nats = np.maximum(-terms.sum(axis=-1), 0.0)  # max: no "-0.00" for a single expert
+    return float(nats) if nats.ndim == 0 else nats
+
+
+def load_entropy(counts: np.ndarray) -> np.ndarray | float:
+    """Normalised load entropy H(c/Σc) / log E of loads [..., E] → [...], in [0, 1] (1 = even). NaN where
+    Σc = 0; 1 for E = 1 (one expert is trivially "uniform")."""
+    c = np.asarray(counts, dtype=np.float64)
+    e = c.shape[-1]
+    nats = np.asarray(load_entropy_nats(c))
+    normalised = np.minimum(nats / np.log(e), 1.0) if e > 1 else np.ones_like(nats)  # min: rounding
+    out = np.where(c.sum(axis=-1) > 0, normalised, np.nan)
+    return float(out) if out.ndim == 0 else out
+
+
+# ---- Expert-parallel balancedness -------------------------------------------------------------------------
+# One quantity, one function for every surface: `moeviz report --devices`, balance_frame and the EP what-if
+# (which places experts by other rules too, and with replicas) all hand per-device loads to
+# `ep_balancedness`.
+
+
+def contiguous_device_load(counts: np.ndarray, devices: int) -> np.ndarray:
+    """Per-device loads [..., D] of loads [..., E] placed contiguously, E/D experts per device (expert e on
+    device e // (E/D): `whatif ep --placement contiguous`). Raises ValueError unless D divides E."""
+    c = np.asarray(counts, dtype=np.float64)
+    e = c.shape[-1]
+    if devices < 1 or e % devices:
+        raise ValueError(
+            f"expert-parallel balancedness needs the {e} experts to split evenly over the devices; "
+            f"got {devices} device(s) (E % D = {e % devices if devices >= 1 else 'n/a'})"
+        )
+    return c.reshape(*c.shape[:-1], devices, e // devices).sum(axis=-1)
+
+
+def ep_balancedness(device_load: np.ndarray) -> np.ndarray | float:
+    """Expert-parallel balancedness mean_d L_d / max_d L_d of per-device loads [..., D] → [...] (a float for
+    one layer): 1 = every device equally busy, 1/D = one device does all the work; NaN where no device has
+    load (vLLM / SGLang EPLB, per layer)."""
+    load = np.asarray(device_load, dtype=np.float64)
+    peak = load.max(axis=-1)
+    out = np.divide(load.mean(axis=-1), peak, out=np.full(peak.shape, np.nan), where=peak > 0)
+    return float(out) if out.ndim == 0 else out
+
+
+def ep_balancedness_over_layers(device_load: np.ndarray) -> float:
+    """Expert-parallel balancedness over layers from per-device loads [L, D], as vLLM's EPLB logs it:
+    Σ_layers mean_d L_d / Σ_layers max_d L_d. Busy layers weigh more than in the mean of per-layer
+    `ep_balancedness`. In (0, 1]; NaN when no device of any layer has load."""
+    load = np.asarray(device_load, dtype=np.float64)
+    peak = float(load.max(axis=-1).sum()) if load.size else 0.0
+    return float(load.mean(axis=-1).sum() / peak) if peak > 0 else float("nan")
+
+
+def trace_device_load(trace: Trace, devices: int) -> np.ndarray:
+    """[L, D] loads of every MoE layer's experts placed contiguously over `devices` (`contiguous_device_load`
+    of each layer's `expert_counts`); raises ValueError unless D divides every layer's E."""
+    rows = [contiguous_device_load(expert_counts(r), devices) for r in trace.layers]
+    return np.stack(rows) if rows else np.zeros((0, devices))
 
 
 # ---- Balance: the full set of load indicators --------------------------------------------------------
@@ -88,96 +150,99 @@ class BalanceStats:
         return self.dropped / slots if slots else float("nan")
 
 
-def gini(counts: np.ndarray) -> float:
-    """Gini coefficient of non-negative loads [E]: Σ_ij |c_i − c_j| / (2 E Σc), via the sorted form.
-
-    0 = perfectly even, (E−1)/E = everything on one expert; NaN when Σc = 0.
-    """
-    c = np.sort(np.asarray(counts, dtype=np.float64))
-    total = c.sum()
-    if len(c) == 0 or total <= 0:
-        return float("nan")
-    ranks = np.arange(1, len(c) + 1)
+def gini(counts: np.ndarray) -> np.ndarray | float:
+    """Gini coefficient of non-negative loads [..., E] → [...]: Σ_ij |c_i − c_j| / (2 E Σc), via the sorted
+    form. 0 = perfectly even, (E−1)/E = everything on one expert; NaN where Σc = 0."""
+    c = np.sort(np.asarray(counts, dtype=np.float64), axis=-1)
+    e = c.shape[-1]
+    total = c.sum(axis=-1)
     # Σ_ij |c_i − c_j| = 2 Σ_i (2i − E − 1) c_(i) for ascending c (1-based i)
-    return float(((2 * ranks - len(c) - 1) * c).sum() / (len(c) * total))
+    spread = ((2 * np.arange(1, e + 1) - e - 1) * c).sum(axis=-1)
+    out = np.divide(spread, e * total, out=np.full(total.shape, np.nan), where=total > 0)
+    return float(out) if out.ndim == 0 else out
 
 
-def jain_index(counts: np.ndarray) -> float:
-    """Jain fairness (Σc)² / (E Σc²) of loads [E]: 1 = even, 1/E = one expert; NaN when Σc = 0."""
+def jain_index(counts: np.ndarray) -> np.ndarray | float:
+    """Jain fairness (Σc)² / (E Σc²) of loads [..., E] → [...]: 1 = even, 1/E = one expert; NaN where
+    Σc = 0."""
     c = np.asarray(counts, dtype=np.float64)
-    squares = (c * c).sum()
-    return float(c.sum() ** 2 / (len(c) * squares)) if squares > 0 else float("nan")
+    squares = (c * c).sum(axis=-1)
+    out = np.divide(
+        c.sum(axis=-1) ** 2, c.shape[-1] * squares, out=np.full(squares.shape, np.nan), where=squares > 0
+    )
+    return float(out) if out.ndim == 0 else out
 
 
-def ep_balancedness(counts: np.ndarray, devices: int) -> float:
-    """Expert-parallel balancedness mean_d L_d / max_d L_d for loads [E] placed contiguously, E/D per device.
+# The scalar indicators of `balance_indicators`, in BalanceStats' order.
+INDICATOR_NAMES = (
+    "max_vio",
+    "cv",
+    "cv_unbiased",
+    "gini",
+    "gini_megatron",
+    "jain",
+    "load_entropy",
+    "effective_experts",
+    "max_share",
+    "dead_experts",
+    "dead_fraction",
+)
 
-    1 = every device equally busy; 1/D = one device does all the work. NaN when Σc = 0.
-    Raises ValueError unless E is a positive multiple of D.
-    """
-    c = np.asarray(counts, dtype=np.float64)
-    e = len(c)
-    if devices < 1 or e % devices:
-        raise ValueError(
-            f"expert-parallel balancedness needs the {e} experts to split evenly over the devices; "
-            f"got {devices} device(s) (E % D = {e % devices if devices >= 1 else 'n/a'})"
-        )
-    per_device = c.reshape(devices, e // devices).sum(axis=1)
-    peak = per_device.max()
-    return float(per_device.mean() / peak) if peak > 0 else float("nan")
+
+def balance_indicators(counts: np.ndarray, tokens: int, top_k: int) -> dict[str, np.ndarray]:
+    """Every scalar balance indicator (INDICATOR_NAMES) of n load vectors [n, E] of `tokens` tokens routed to
+    `top_k` slots each → name: [n]. The one implementation: `balance_from_counts` is its n = 1 case and the
+    bootstrap bands (`moeviz.analysis.null`) run it over their resamples. Degenerate cases: `BalanceStats`."""
+    c = np.atleast_2d(np.asarray(counts, dtype=np.float64))
+    n, e = c.shape
+    nan = np.full(n, np.nan)
+    slots = tokens * top_k
+    total = c.sum(axis=1)
+    mean = total / e if e else nan
+    routed = total > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        max_vio = np.where(routed, c.max(axis=1, initial=0.0) / mean - 1.0, np.nan)
+        cv = np.where(routed, c.std(axis=1) / mean, np.nan)
+        cv_unbiased = np.where(routed, c.std(axis=1, ddof=1) / mean, np.nan) if e > 1 else nan
+    nats = np.asarray(load_entropy_nats(c))
+    dead = (c == 0).sum(axis=1) if tokens > 0 else np.zeros(n, np.int64)
+    gini_value = np.asarray(gini(c)) if e else nan
+    return {
+        "max_vio": max_vio,
+        "cv": cv,
+        "cv_unbiased": cv_unbiased,
+        "gini": gini_value,
+        "gini_megatron": gini_value - 1.0 / e if e else nan,
+        "jain": np.asarray(jain_index(c)) if e else nan,
+        "load_entropy": np.asarray(load_entropy(c)) if e else nan,
+        "effective_experts": np.where(routed, np.exp(nats), np.nan),
+        "max_share": c.max(axis=1, initial=0.0) / slots if slots > 0 else nan,
+        "dead_experts": dead.astype(np.int64),
+        "dead_fraction": dead / e if tokens > 0 and slots > 0 else nan,
+    }
 
 
 def balance_from_counts(
     counts: np.ndarray, tokens: int, top_k: int, dropped: int = 0, devices: int | None = None
 ) -> BalanceStats:
-    """All balance indicators from per-expert loads [E] of `tokens` tokens routed to `top_k` slots each."""
+    """All balance indicators from per-expert loads [E] of `tokens` tokens routed to `top_k` slots each (the
+    n = 1 case of `balance_indicators`); `devices` = D adds ep_balancedness (contiguous placement)."""
     c = np.asarray(counts, dtype=np.int64)
     e = len(c)
-    nan = float("nan")
-    total = int(c.sum())
     slots = tokens * top_k
-    dead = int((c == 0).sum()) if tokens > 0 else 0
-    if tokens > 0 and slots > 0:
-        utilisation = c / (slots / e)
-        max_share = float(c.max() / slots)
-        dead_fraction = dead / e
-    else:
-        utilisation = np.full(e, nan)
-        max_share = dead_fraction = nan
-    if total > 0:
-        cf = c.astype(np.float64)
-        mean = total / e
-        entropy = max(0.0, load_entropy_nats(c))  # max: no "-0.00" for a single expert
-        max_vio = float(cf.max() / mean - 1.0)
-        cv = float(cf.std() / mean)
-        cv_unbiased = float(cf.std(ddof=1) / mean) if e > 1 else nan
-        load_entropy = min(1.0, entropy / np.log(e)) if e > 1 else 1.0  # min: rounding above 1
-        effective = float(np.exp(entropy))
-        gini_value, jain_value = gini(c), jain_index(c)
-    else:
-        max_vio = cv = cv_unbiased = load_entropy = effective = gini_value = jain_value = nan
-    balancedness = nan
-    if devices is not None:
-        balancedness = ep_balancedness(c, devices)  # raises on E % D != 0 even without load
+    values = {name: v[0].item() for name, v in balance_indicators(c, tokens, top_k).items()}
+    balancedness = float("nan")
+    if devices is not None:  # raises on E % D != 0 even without load
+        balancedness = ep_balancedness(contiguous_device_load(c, devices))
     return BalanceStats(
         tokens=int(tokens),
         top_k=int(top_k),
         counts=c,
         dropped=int(dropped),
-        utilisation=utilisation,
-        max_vio=max_vio,
-        cv=cv,
-        cv_unbiased=cv_unbiased,
-        gini=gini_value,
-        gini_megatron=gini_value - 1.0 / e if e else nan,
-        jain=jain_value,
-        load_entropy=float(load_entropy),
-        effective_experts=effective,
-        max_share=max_share,
-        dead_experts=dead,
-        dead_fraction=float(dead_fraction),
+        utilisation=c / (slots / e) if tokens > 0 and slots > 0 else np.full(e, np.nan),
         devices=devices,
         ep_balancedness=balancedness,
+        **values,
     )
 
 
@@ -255,21 +320,6 @@ def balance_frame(trace: Trace, devices: int | None = None) -> pd.DataFrame:
     """
     rows = [balance_record(r.layer, r.site, balance_stats(r, devices)) for r in trace.layers]
     return pd.DataFrame(rows, columns=BALANCE_COLUMNS)
-
-
-def ep_balancedness_over_layers(trace: Trace, devices: int) -> float:
-    """Expert-parallel balancedness over all MoE layers, as vLLM's EPLB logs it:
-    Σ_layers mean_d L_d / Σ_layers max_d L_d (L_d = tokens on device d, experts placed contiguously, E/D
-    per device). Busy layers weigh more than in the mean of per-layer `ep_balancedness`. In (0, 1]; NaN when
-    no slot was dispatched anywhere. Raises ValueError unless every layer's E is a multiple of D.
-    """
-    mean_sum = max_sum = 0.0
-    for routing in trace.layers:
-        ep_balancedness(np.ones(routing.num_experts), devices)  # the same divisibility check and message
-        per_device = expert_counts(routing).reshape(devices, -1).sum(axis=1).astype(np.float64)
-        mean_sum += per_device.mean()
-        max_sum += per_device.max()
-    return float(mean_sum / max_sum) if max_sum > 0 else float("nan")
 
 
 EXPERT_BALANCE_COLUMNS = ["layer", "site", "expert", "count", "share", "utilisation", "dead", "device"]
