@@ -16,6 +16,7 @@ Conventions (other tools log some of these differently; the peer-comparable valu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -189,37 +190,47 @@ INDICATOR_NAMES = (
 )
 
 
-def balance_indicators(counts: np.ndarray, tokens: int, top_k: int) -> dict[str, np.ndarray]:
-    """Every scalar balance indicator (INDICATOR_NAMES) of n load vectors [n, E] of `tokens` tokens routed to
-    `top_k` slots each → name: [n]. The one implementation: `balance_from_counts` is its n = 1 case and the
-    bootstrap bands (`moeviz.analysis.null`) run it over their resamples. Degenerate cases: `BalanceStats`."""
+def balance_indicators(
+    counts: np.ndarray, tokens: int, top_k: int, names: Sequence[str] = INDICATOR_NAMES
+) -> dict[str, np.ndarray]:
+    """The scalar balance indicators `names` (default all of INDICATOR_NAMES) of n load vectors [n, E] of
+    `tokens` tokens routed to `top_k` slots each → name: [n]. The one implementation: `balance_from_counts`
+    is its n = 1 case and the bootstrap bands (`moeviz.analysis.null`) run it over their resamples (asking
+    only for what they band). Degenerate cases: `BalanceStats`."""
+    unknown = set(names) - set(INDICATOR_NAMES)
+    if unknown:
+        raise ValueError(f"unknown balance indicators {sorted(unknown)}; known: {', '.join(INDICATOR_NAMES)}")
     c = np.atleast_2d(np.asarray(counts, dtype=np.float64))
     n, e = c.shape
     nan = np.full(n, np.nan)
     slots = tokens * top_k
     total = c.sum(axis=1)
-    mean = total / e if e else nan
     routed = total > 0
+    mean = total / e if e else nan
+    out: dict[str, np.ndarray] = {}
     with np.errstate(divide="ignore", invalid="ignore"):
-        max_vio = np.where(routed, c.max(axis=1, initial=0.0) / mean - 1.0, np.nan)
-        cv = np.where(routed, c.std(axis=1) / mean, np.nan)
-        cv_unbiased = np.where(routed, c.std(axis=1, ddof=1) / mean, np.nan) if e > 1 else nan
-    nats = np.asarray(load_entropy_nats(c))
-    dead = (c == 0).sum(axis=1) if tokens > 0 else np.zeros(n, np.int64)
-    gini_value = np.asarray(gini(c)) if e else nan
-    return {
-        "max_vio": max_vio,
-        "cv": cv,
-        "cv_unbiased": cv_unbiased,
-        "gini": gini_value,
-        "gini_megatron": gini_value - 1.0 / e if e else nan,
-        "jain": np.asarray(jain_index(c)) if e else nan,
-        "load_entropy": np.asarray(load_entropy(c)) if e else nan,
-        "effective_experts": np.where(routed, np.exp(nats), np.nan),
-        "max_share": c.max(axis=1, initial=0.0) / slots if slots > 0 else nan,
-        "dead_experts": dead.astype(np.int64),
-        "dead_fraction": dead / e if tokens > 0 and slots > 0 else nan,
-    }
+        if "max_vio" in names:
+            out["max_vio"] = np.where(routed, c.max(axis=1, initial=0.0) / mean - 1.0, np.nan)
+        if "cv" in names:
+            out["cv"] = np.where(routed, c.std(axis=1) / mean, np.nan)
+        if "cv_unbiased" in names:
+            out["cv_unbiased"] = np.where(routed, c.std(axis=1, ddof=1) / mean, np.nan) if e > 1 else nan
+    if {"gini", "gini_megatron"} & set(names):
+        gini_value = np.asarray(gini(c)) if e else nan
+        out["gini"] = gini_value
+        out["gini_megatron"] = gini_value - 1.0 / e if e else nan
+    if "jain" in names:
+        out["jain"] = np.asarray(jain_index(c)) if e else nan
+    if {"load_entropy", "effective_experts"} & set(names):
+        out["load_entropy"] = np.asarray(load_entropy(c)) if e else nan
+        out["effective_experts"] = np.where(routed, np.exp(np.asarray(load_entropy_nats(c))), np.nan)
+    if "max_share" in names:
+        out["max_share"] = c.max(axis=1, initial=0.0) / slots if slots > 0 else nan
+    if {"dead_experts", "dead_fraction"} & set(names):
+        dead = (c == 0).sum(axis=1) if tokens > 0 else np.zeros(n, np.int64)
+        out["dead_experts"] = dead.astype(np.int64)
+        out["dead_fraction"] = dead / e if slots > 0 else nan
+    return {name: out[name] for name in names}
 
 
 def balance_from_counts(
