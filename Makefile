@@ -38,6 +38,7 @@ test: setup chromium
 	$(VENV)/bin/ruff check moeviz app tests scripts benchmarks
 	$(VENV)/bin/ruff format --check moeviz app tests scripts benchmarks
 	$(VENV)/bin/lint-imports
+	PYTHONPATH=app $(VENV)/bin/lint-imports app/import-contracts.toml
 	$(PY) -m pytest -q
 
 lint: setup

@@ -27,7 +27,7 @@ from pathlib import Path
 from playwright.sync_api import Page, sync_playwright
 
 import moeviz
-from moeviz.capture.routing import token_batch
+from moeviz.capture.forward import token_batch
 from moeviz.samples import eval_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the launcher lives with the tests

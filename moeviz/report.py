@@ -1,6 +1,6 @@
 """The routing health report: per MoE layer, the collapse verdict and the numbers behind it.
 
-Used by `moeviz report`; rendered as text (one screen), JSON (one object per layer) or Markdown.
+`build_report` makes the `RoutingReport` that `moeviz report` prints (its screens: moeviz.cli.report).
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from moeviz.analysis import (
     loss_frame,
     trace_device_load,
 )
-from moeviz.analysis.collapse import NOT_ENOUGH_TOKENS, CollapseReport, CollapseThresholds
-from moeviz.jsonable import dumps
+from moeviz.analysis.collapse import CollapseReport, CollapseThresholds
 from moeviz.trace import Trace
 
 # Per-layer keys, in output order. The balance keys are `balance_frame`'s columns, with its names and
@@ -135,76 +134,3 @@ def build_report(
     return RoutingReport(
         trace.model.source, len(trace.tokens), collapse, pd.DataFrame(rows), domains, over_layers
     )
-
-
-def render_json(report: RoutingReport) -> str:
-    layers = report.layers.to_dict("records")
-    out = {
-        "model": report.model,
-        "tokens": report.tokens,
-        "verdict": report.verdict,
-        "reasons": report.collapse.reasons,
-    }
-    if report.ep_balancedness_over_layers is not None:
-        out["ep_balancedness_over_layers"] = report.ep_balancedness_over_layers
-    return dumps({**out, "layers": layers}, indent=2)
-
-
-_TABLE = [
-    ("layer", "{}"),
-    ("site", "{}"),
-    ("verdict", "{}"),
-    ("aux_loss_topk", "{:.3f}"),
-    ("z_loss", "{:.1f}"),
-    ("load_entropy", "{:.3f}"),
-    ("max_share", "{:.3f}"),
-    ("dead_fraction", "{:.2f}"),
-    ("dropped_fraction", "{:.3f}"),
-    ("max_vio", "{:.2f}"),
-    ("cv", "{:.2f}"),
-]
-
-
-def _cells(row) -> list[str]:
-    return [fmt.format(row[key]) if row[key] == row[key] else "–" for key, fmt in _TABLE]
-
-
-def render_text(report: RoutingReport) -> str:
-    header = [key for key, _ in _TABLE]
-    rows = [_cells(row) for row in report.layers.to_dict("records")]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))  # noqa: E731
-    head = f"{report.model}: {report.tokens} tokens — verdict: {report.verdict.upper()}"
-    if report.collapse.layers and not report.collapse.judged:
-        head += f" (load {NOT_ENOUGH_TOKENS})"
-    out = [head, line(header)]
-    out += [line(r) for r in rows]
-    if report.ep_balancedness_over_layers is not None:
-        value = report.ep_balancedness_over_layers
-        out.append(f"  expert-parallel balancedness over layers (Σ mean / Σ max, as vLLM): {value:.3f}")
-    out += [f"  {reason}" for reason in report.collapse.reasons]
-    out += [f"  note: {note}" for note in report.collapse.notes]
-    for row in report.layers.to_dict("records"):
-        if row.get("specialised_domains"):
-            out.append(f"  layer {row['layer']} specialised: " + ", ".join(row["specialised_domains"]))
-    return "\n".join(out)
-
-
-def render_markdown(report: RoutingReport) -> str:
-    header = [key for key, _ in _TABLE]
-    out = [
-        f"## Routing report: `{report.model}`",
-        "",
-        f"{report.tokens} tokens. Verdict: **{report.verdict}**"
-        + ("." if report.collapse.judged or not report.collapse.layers else f" (load {NOT_ENOUGH_TOKENS})."),
-        "",
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-    ]
-    out += ["| " + " | ".join(_cells(row)) + " |" for row in report.layers.to_dict("records")]
-    if report.collapse.reasons:
-        out += ["", *[f"- {reason}" for reason in report.collapse.reasons]]
-    return "\n".join(out)
-
-
-RENDERERS = {"text": render_text, "json": render_json, "markdown": render_markdown}

@@ -40,7 +40,7 @@ def test_model_keys_carry_the_options() -> None:
 
 def test_about_shows_what_the_library_loaded() -> None:
     import moeviz
-    from moeviz.models.placement import format_bytes
+    from moeviz.models.memory import format_bytes
 
     at = run_page("pages/about.py", model=MODEL, load_dtype="bfloat16")
     loaded = moeviz.load_model(MODEL, dtype="bfloat16")
@@ -132,9 +132,9 @@ def test_routing_load_chart_has_bootstrap_bands() -> None:
 
 
 def test_a_model_too_large_is_refused_with_its_message(monkeypatch) -> None:
-    import moeviz.models.placement as placement
+    import moeviz.models.memory as memory
 
-    monkeypatch.setattr(placement, "available_memory", lambda device, max_age=0.0: 1024)  # 1 KiB free
+    monkeypatch.setattr(memory, "available_memory", lambda device, max_age=0.0: 1024)  # 1 KiB free
     at = AppTest.from_file(str(APP), default_timeout=60)
     at.session_state["model"] = MODEL
     at.session_state["load_dtype"] = "float32"  # a key of its own: nothing cached

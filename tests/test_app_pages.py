@@ -73,12 +73,12 @@ def test_compare_explains_a_different_tokenizer(tmp_path) -> None:
 def test_selections_survive_a_page_switch() -> None:
     at = run_page("pages/routing.py", MODELS[0])
     at.select_slider(key="layer_widget").set_value("2").run()
-    at.selectbox(key="expert_widget").set_value(5).run()
+    at.selectbox(key="timeline_expert").set_value(5).run()  # the expert timeline's picker
     at.switch_page("pages/structure.py").run()
     assert at.select_slider(key="layer_widget").value == "2"
     at.switch_page("pages/routing.py").run()
     assert at.select_slider(key="layer_widget").value == "2"
-    assert at.selectbox(key="expert_widget").value == 5
+    assert at.selectbox(key="timeline_expert").value == 5
     assert not at.exception
 
 

@@ -12,6 +12,7 @@ import torch
 import moeviz
 from moeviz.attention import SUMMARY_COLUMNS
 from moeviz.capture.attention import mask_intervals, patch_active
+from moeviz.whatif.kv_cache import kv_cache_whatif
 
 LENGTHS = (20, 13)  # padded batch; longer than gpt_oss's window (8) and llama4's chunk (8)
 EXACT_FAMILIES = ["mixtral", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "llama4_text"]
@@ -149,7 +150,7 @@ def test_kv_whatif_loses_exactly_the_mass_outside_window_and_globals(captured):
     _, _, trace, eager = captured("mixtral")
     att = trace.attention
     window, g = 4, 2
-    whatif = att.kv_cache_whatif(window=window, global_tokens=g)
+    whatif = kv_cache_whatif(att, window=window, global_tokens=g)
     lost = []
     for seq, n in enumerate(LENGTHS):
         p = eager[1][seq, :, :n, :n]
@@ -161,7 +162,7 @@ def test_kv_whatif_loses_exactly_the_mass_outside_window_and_globals(captured):
     np.testing.assert_allclose(got.mean_lost, lost.mean(1), atol=1e-5)
     np.testing.assert_allclose(got.max_lost, lost.max(1), atol=1e-5)
     # Full-length window keeps everything.
-    assert att.kv_cache_whatif(window=max(LENGTHS)).max_lost.max() < 1e-6
+    assert kv_cache_whatif(att, window=max(LENGTHS)).max_lost.max() < 1e-6
     bytes_ = att.kv_cache_bytes_per_token()
     assert (bytes_.bytes_per_token == 2 * 16 * 2 * 4).all()  # K+V · Hkv=2 · head dim 16 · fp32
 

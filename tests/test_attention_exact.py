@@ -13,8 +13,7 @@ import pytest
 import torch
 
 import moeviz
-from moeviz.attention import maps
-from moeviz.attention.maps import AttentionCapture, AttentionLayer
+from moeviz.attention import AttentionCapture, AttentionLayer, summaries
 
 TOLERANCE = 1e-6
 WINDOW, GLOBAL = 8, 3
@@ -23,7 +22,7 @@ WINDOW, GLOBAL = 8, 3
 def _reference(att: AttentionCapture, layer: int, window: int, global_tokens: int) -> dict[str, np.ndarray]:
     spec = att.layers[layer]
     b_n, h_n, t_n, _ = spec.query.shape
-    out = {name: np.zeros((b_n, h_n, t_n)) for name in maps._STATS}
+    out = {name: np.zeros((b_n, h_n, t_n)) for name in summaries._STATS}
     for b in range(b_n):
         off, n = int(att.offsets[b]), int(att.lengths[b])
         cols = np.arange(off, off + n)
@@ -57,12 +56,13 @@ def _reference(att: AttentionCapture, layer: int, window: int, global_tokens: in
 
 
 def _deviation(att: AttentionCapture, layers=None) -> float:
-    """Max deviation of `_pass` from the float64 reference over every statistic, real token and head."""
+    """Max deviation of `token_statistics` from the float64 reference over every statistic, real token and
+    head."""
     worst = 0.0
     for layer in layers or att.map_layers:
-        got, want = att._pass(layer, WINDOW, GLOBAL), _reference(att, layer, WINDOW, GLOBAL)
-        for name in maps._STATS:
-            for b, (off, n) in att._seqs():
+        got, want = att.token_statistics(layer, WINDOW, GLOBAL), _reference(att, layer, WINDOW, GLOBAL)
+        for name in summaries._STATS:
+            for b, (off, n) in att.sequences():
                 diff = np.abs(got[name][b, :, off : off + n] - want[name][b, :, off : off + n])
                 if name == "mean_distance":
                     diff = diff / np.maximum(1.0, np.abs(want[name][b, :, off : off + n]))
@@ -103,10 +103,10 @@ def _synthetic(softcap, sinks, scale, seed=0) -> AttentionCapture:
 )
 def test_fused_pass_within_1e6_of_float64(monkeypatch, block_elements, softcap, sinks, scale, float32_scores):
     if block_elements:
-        monkeypatch.setattr(maps, "_BLOCK_ELEMENTS", block_elements)  # many blocks, down to one row each
+        monkeypatch.setattr(summaries, "_BLOCK_ELEMENTS", block_elements)  # many blocks, down to one row each
     att = _synthetic(softcap, sinks, scale)
     # Small scores pass the float32 probe, large ones (as in trained models) need float64 q·kᵀ.
-    assert maps._float32_scores_suffice(att.layers[0]) == float32_scores
+    assert summaries._float32_scores_suffice(att.layers[0]) == float32_scores
     assert _deviation(att) <= TOLERANCE
 
 
@@ -128,14 +128,14 @@ def test_tiny_families_within_1e6_of_float64(tiny_model_dir, family):
 def test_streaming_memory_is_bounded(monkeypatch):
     """Scratch buffers stay near _BLOCK_ELEMENTS, whatever the sequence length."""
     seen = []
-    original = maps._buffer
+    original = summaries._buffer
 
     def spy(pool, name, shape, dtype):
         seen.append(int(np.prod(shape)))
         return original(pool, name, shape, dtype)
 
-    monkeypatch.setattr(maps, "_buffer", spy)
-    monkeypatch.setattr(maps, "_BLOCK_ELEMENTS", 4 * 16 * 40)
+    monkeypatch.setattr(summaries, "_buffer", spy)
+    monkeypatch.setattr(summaries, "_BLOCK_ELEMENTS", 4 * 16 * 40)
     att = _synthetic(None, True, 0.3)
-    att._pass(0, WINDOW, GLOBAL)
+    att.token_statistics(0, WINDOW, GLOBAL)
     assert max(seen) <= 2 * 4 * 16 * 40

@@ -10,6 +10,7 @@ import torch
 
 import moeviz
 from moeviz.capture.attention import recording_attention
+from moeviz.whatif.kv_cache import kv_cache_whatif
 
 # Right-padded batches. MiniMax block_size is 16 (two blocks: the inter-block state path is exercised);
 # Qwen3-Next's and Kimi Linear's kernel chunk is 64 (three chunks for the longest sequence).
@@ -124,7 +125,7 @@ def test_linear_maps_through_the_common_api(captured, family):
     table = att.kv_cache_bytes_per_token().set_index("layer")
     assert table.loc[layer, "kind"] == "linear (state)"
     assert table.loc[layer, "bytes_per_token"] == 0
-    assert not att.kv_cache_whatif(8).layer.isin(att.linear_layers).any()
+    assert not kv_cache_whatif(att, 8).layer.isin(att.linear_layers).any()
 
 
 def test_decay_map_closed_form(captured):

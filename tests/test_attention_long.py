@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import moeviz
-from moeviz.attention import maps
+from moeviz.attention import summaries
+from moeviz.whatif.kv_cache import kv_cache_whatif
 
 
 def _ids(n: int, seed: int = 0) -> list[int]:
@@ -38,10 +39,10 @@ def test_streamed_summaries_match_full_maps_across_blocks(tiny_model_dir, monkey
     folder = tiny_model_dir("mixtral", max_position_embeddings=4096, sliding_window=sliding_window)
     trace = moeviz.capture(moeviz.load_model(folder), token_ids=[_ids(300), _ids(170, 2)], attention=True)
     att = trace.attention
-    monkeypatch.setattr(maps, "_BLOCK_ELEMENTS", 4 * 37 * 20)  # force many small query blocks
+    monkeypatch.setattr(summaries, "_BLOCK_ELEMENTS", 4 * 37 * 20)  # force many small query blocks
     window = 16
     frame = att.summaries(window=window)
-    whatif = att.kv_cache_whatif(window=window, global_tokens=3)
+    whatif = kv_cache_whatif(att, window=window, global_tokens=3)
     for layer in att.map_layers:
         lost_all = []
         for seq, n in enumerate((300, 170)):

@@ -97,7 +97,7 @@ def test_one_forward_builds_no_kv_cache_and_routes_as_with_one(tiny_model_dir):
         router.remove()
     np.testing.assert_array_equal(trace.layers[0].logits, logits[0].reshape(4, -1).numpy())
 
-    from moeviz.capture.routing import _without_cache
+    from moeviz.capture.forward import _without_cache
 
     class NoCacheArgument(torch.nn.Module):  # e.g. remote code: its forward is called as it is
         def forward(self, input_ids, attention_mask=None):
@@ -245,7 +245,7 @@ def test_predicted_next_token_is_the_models_argmax(tiny_model_dir):
 def test_numpy_slot_sort_matches_the_torch_decoder():
     """Capture decodes `experts(hidden, top_k_index, top_k_weights)` in numpy: the same slots, in the same
     order, as `moeviz.models.decoding.sort_slots` (dropped last, ties by expert id), sorted or not."""
-    from moeviz.capture.routing import sort_slots_np
+    from moeviz.capture.forward import sort_slots_np
     from moeviz.models.decoding import sort_slots
 
     rng = np.random.default_rng(0)

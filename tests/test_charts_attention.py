@@ -18,6 +18,7 @@ from moeviz.charts import (
     head_metric_heatmap,
     kv_whatif_heatmap,
 )
+from moeviz.whatif.kv_cache import kv_cache_whatif
 from tests.chart_helpers import PROMPT, data_of
 
 
@@ -109,7 +110,7 @@ def test_row_frame_keeps_the_last_keys_and_says_how_much_it_shows(att_trace):
 
 
 def test_kv_whatif_heatmap_shows_mean_mass_lost(att_trace):
-    whatif = att_trace.attention.kv_cache_whatif(4, 1)
+    whatif = kv_cache_whatif(att_trace.attention, 4, 1)
     spec = kv_whatif_heatmap(whatif).to_dict()
     data = data_of(spec)
     assert len(data) == 16
@@ -118,7 +119,7 @@ def test_kv_whatif_heatmap_shows_mean_mass_lost(att_trace):
     cells, _ = spec["layer"]
     assert cells["encoding"]["color"]["field"] == "mean_lost"
     # a window covering everything loses nothing
-    none_lost = kv_whatif_heatmap(att_trace.attention.kv_cache_whatif(10_000, 0)).to_dict()
+    none_lost = kv_whatif_heatmap(kv_cache_whatif(att_trace.attention, 10_000, 0)).to_dict()
     assert (data_of(none_lost)["mean_lost"] < 1e-6).all()
 
 

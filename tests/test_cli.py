@@ -141,15 +141,15 @@ def test_version(capsys):
 
 def test_report_checkpoints_is_a_branch_of_the_one_parser(monkeypatch, tmp_path):
     """`report --checkpoints` goes through the main parser: report's shared flags, with the same defaults."""
-    from moeviz.store import cli as store_cli
+    from moeviz.cli import checkpoints as checkpoints_cli
 
     seen = {}
 
-    def run_checkpoint_report(args):
+    def run_checkpoints(args):
         seen["args"] = args
         return 0
 
-    monkeypatch.setattr(store_cli, "run_checkpoint_report", run_checkpoint_report)
+    monkeypatch.setattr(checkpoints_cli, "run_checkpoints", run_checkpoints)
     one = cli.build_parser().parse_args(["report", "--model", MODEL, "--corpus", str(tmp_path)])
     assert cli.main(["report", "--checkpoints", "runs/series", "--corpus", str(tmp_path)]) == 0
     series = seen["args"]
@@ -158,6 +158,25 @@ def test_report_checkpoints_is_a_branch_of_the_one_parser(monkeypatch, tmp_path)
     for flag in ("chunk_tokens", "batch_size", "format", "trust_remote_code"):
         assert getattr(series, flag) == getattr(one, flag), flag
     assert one.chunk_tokens == cli.REPORT_CHUNK_TOKENS
+
+
+def test_checkpoints_verb_is_report_checkpoints(monkeypatch, tmp_path):
+    """`moeviz checkpoints SERIES` and its alias `report --checkpoints SERIES` run the same function with the
+    same timeline flags; the verb needs --corpus."""
+    from moeviz.cli import checkpoints as checkpoints_cli
+
+    seen = []
+    monkeypatch.setattr(checkpoints_cli, "run_checkpoints", lambda args: seen.append(args) or 0)
+    flags = ["--corpus", str(tmp_path), "--chunk-tokens", "64", "--max-batches", "2", "--format", "json"]
+    assert cli.main(["checkpoints", "runs/series", *flags, "--store", str(tmp_path / "s")]) == 0
+    assert cli.main(["report", "--checkpoints", "runs/series", *flags, "--store", str(tmp_path / "s")]) == 0
+    verb, alias = seen
+    assert verb.command == "checkpoints" and alias.command == "report"
+    for flag in ("checkpoints", "corpus", "chunk_tokens", "batch_size", "max_batches", "store", "format"):
+        assert getattr(verb, flag) == getattr(alias, flag), flag
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["checkpoints", "runs/series"])
+    assert exit_info.value.code == 2
 
 
 @pytest.mark.parametrize(

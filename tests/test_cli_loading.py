@@ -77,7 +77,7 @@ def test_report_takes_load_flags_and_refuses_them_with_checkpoints(bf16_folder, 
 
 
 def test_load_progress_bar_counts_bytes(capsys):
-    from moeviz.cli_flags import load_progress
+    from moeviz.cli.flags import load_progress
 
     update = load_progress("loading")
     for done in (0, 512, 2048):

@@ -18,7 +18,7 @@ import torch
 
 import moeviz
 from moeviz import cli
-from moeviz.cli_flags import TEXT_FILE_LIMIT
+from moeviz.cli.flags import TEXT_FILE_LIMIT
 from moeviz.models.loading import DEFAULT_SAMPLE as MODEL
 from moeviz.samples import eval_dir
 from moeviz.testing.scale_traces import synthetic_trace
@@ -153,7 +153,7 @@ def test_ctrl_c_is_one_line_exit_130(tmp_path, monkeypatch, capsys, command):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(moeviz, "capture", interrupted)
-    monkeypatch.setattr(importlib.import_module("moeviz.capture.routing"), "capture", interrupted)
+    monkeypatch.setattr(importlib.import_module("moeviz.capture.forward"), "capture", interrupted)
     out = tmp_path / "t.parquet"
     argv = [command, "--model", MODEL, "--text", "hello there"]
     assert _main([*argv, "--out", str(out)] if command == "capture" else argv) == 130

@@ -16,7 +16,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 import moeviz
-from moeviz.capture.routing import RoutingWarning
+from moeviz.capture.forward import RoutingWarning
 from moeviz.errors import PromptTooLongError
 from tests.app_helpers import REPO, app_test_env, run_page
 

@@ -200,12 +200,12 @@ def test_fifo_weights_are_refused_without_blocking(tiny_model_dir, tmp_path):
 
 
 def test_a_load_parses_each_header_once_and_sees_an_in_place_edit(tiny_model_dir, tmp_path):
-    from moeviz.models import placement
+    from moeviz.models import safetensors_headers
 
     folder = shutil.copytree(tiny_model_dir("mixtral"), tmp_path / "m")
-    placement._parse_header.cache_clear()
+    safetensors_headers._parse_header.cache_clear()
     moeviz.load_model(folder, progress=lambda done, total: None)  # as the app and CLI load (with progress)
-    info = placement._parse_header.cache_info()
+    info = safetensors_headers._parse_header.cache_info()
     assert info.misses == len(list(folder.glob("*.safetensors")))  # one parse per file ...
     assert info.hits >= 1  # ... however many times the load reads it (validation, progress)
     # The same file rewritten in place at the same size (same inode, maybe the same mtime tick) is reread.

@@ -1,5 +1,6 @@
-"""Packaging and configuration: the wheel ships the app and the samples, importing moeviz leaves the
-environment alone, every `MOEVIZ_*` setting is read in moeviz.settings and documented in the README.
+"""Packaging and configuration: the wheel ships the app, the samples and the docs the app reads, importing
+moeviz leaves the environment alone, every `MOEVIZ_*` setting is read in moeviz.settings and documented in
+the README.
 
 The whole check of an installed wheel (a fresh venv outside the checkout, `moeviz report` and `moeviz app`
 on the default sample) takes minutes: scripts/check_wheel.sh.
@@ -20,8 +21,18 @@ import pytest
 from moeviz.models.loading import list_samples, sample_models_dir
 from moeviz.resources import bundled_path
 from moeviz.settings import SETTINGS_HELP, current_settings
+from tests.app_helpers import app_importable
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def app_docs_files() -> list[Path]:
+    """The files of docs/ the app reads (app/components/docs.py, imported as the pages import it)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        app_importable(monkeypatch)
+        from components import docs
+
+        return [docs.VERDICTS, docs.DEPLOYMENT_WHATIFS, docs.EXPERTS_SWEEP]
 
 
 def test_importing_moeviz_leaves_the_environment_alone():
@@ -78,17 +89,26 @@ def test_settings_are_read_on_each_call(monkeypatch, tmp_path):
 def test_checkout_uses_its_top_level_folders():
     assert bundled_path("app") == REPO / "app"
     assert bundled_path("sample_models") == REPO / "sample_models"
+    assert bundled_path("docs") == REPO / "docs"
     assert "mixtral-healthy" in list_samples()
 
 
-def test_wheel_ships_the_app_and_the_samples(tmp_path):
+def test_wheel_ships_the_app_the_samples_and_the_docs_the_app_reads(tmp_path):
     """Build the wheel from a clean copy of the tree (no stale build/ folder) and read its file list."""
     source = tmp_path / "src"
     shutil.copytree(
         REPO,
         source,
         ignore=shutil.ignore_patterns(
-            ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "docs", "benchmarks"
+            ".git",
+            ".venv",
+            "build",
+            "dist",
+            "*.egg-info",
+            "__pycache__",
+            ".*_cache",
+            "screenshots",
+            "benchmarks",
         ),
     )
     command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w"]
@@ -112,7 +132,10 @@ def test_wheel_ships_the_app_and_the_samples(tmp_path):
     assert "moeviz/_sample_models/mixtral-healthy/model.safetensors" in samples
     assert "moeviz/_sample_models/mixtral-healthy/tokenizer.json" in samples
     assert app | samples <= names, sorted((app | samples) - names)[:10]
-    assert {"moeviz/__init__.py", "moeviz/cli.py", "moeviz/testing/tiny_models.py"} <= names
+    # of docs/, exactly the files the app reads: no screenshots, no other page
+    docs = {n for n in names if n.startswith("moeviz/_docs/")}
+    assert docs == {f"moeviz/_docs/{path.relative_to(REPO / 'docs').as_posix()}" for path in app_docs_files()}
+    assert {"moeviz/__init__.py", "moeviz/cli/__init__.py", "moeviz/testing/tiny_models.py"} <= names
     assert not [n for n in names if n.startswith(("tests/", "app/", "sample_models/")) or "__pycache__" in n]
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "moeviz = moeviz.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

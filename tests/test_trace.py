@@ -121,7 +121,8 @@ def _write_v1(trace: Trace, path) -> None:
     import json
     from dataclasses import asdict
 
-    from moeviz.trace import TOKEN_COLUMNS, _layer_meta
+    from moeviz.trace import TOKEN_COLUMNS
+    from moeviz.trace.parquet import _layer_meta
 
     table = pa.Table.from_pandas(trace.routing_frame(), preserve_index=False)
     logits = [np.repeat(r.logits.astype(np.float32), r.k, axis=0) for r in trace.layers]

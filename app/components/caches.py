@@ -3,8 +3,8 @@ session's trace copies and the Routing page's frames; and loading them with a pr
 
 A model key is the source plus its load options (`load_options`: dtype, device, device map), so loads at
 two dtypes never share a model or a capture. One loaded model per key is kept for the whole server process
-and shared by every session (`models`); captures are cached per (model key, text) (`CaptureCache`) and
-are thread-safe in the library, so concurrent sessions never see each other's routing. No model math
+and shared by every session (`models`); captured traces are cached per (model key, text) (`TraceCache`)
+and are thread-safe in the library, so concurrent sessions never see each other's routing. No model math
 here: everything goes through `moeviz`.
 """
 
@@ -18,13 +18,12 @@ import streamlit as st
 
 import moeviz
 from components import access, load_options
-from components.capture_cache import CaptureCache
 from components.errors import stop_on_error
-from components.routing_frames import RoutingFrames, build_routing_frames
-from components.scale_frames import ScaleFrames
+from components.routing_frames import RoutingFrames, ScaleFrames, frames_for
+from components.trace_cache import SharedResults, TraceCache
 from moeviz.analysis.null import load_confidence
 from moeviz.attention import AttentionCapture
-from moeviz.capture.routing import routing_warning
+from moeviz.capture.forward import routing_warning
 from moeviz.samples import DOMAINS, eval_batch
 
 
@@ -35,14 +34,10 @@ def load_for_key(key: str, progress: Callable[[int, int], None] | None = None) -
 
 
 @st.cache_resource
-def models() -> CaptureCache:
+def models() -> SharedResults[str, moeviz.LoadedModel]:
     """The server's loaded models, the 4 latest model keys. Not `st.cache_resource` on the load itself: a
     cached function replays the elements it drew on later hits, and a load draws its progress bar."""
-
-    def load(key: str, _: str, progress: Callable[[int, int], None] | None) -> moeviz.LoadedModel:
-        return load_for_key(key, progress)
-
-    return CaptureCache(lambda key: key, size=4, capture=load)  # keyed by (model key, "")
+    return SharedResults(size=4)
 
 
 def get_model(key: str) -> moeviz.LoadedModel:
@@ -61,20 +56,20 @@ def get_model(key: str) -> moeviz.LoadedModel:
 
     cache = models()
     try:
-        if (key, "") in cache.cached_keys():
-            return cache.get(key, "", progress)
+        if key in cache.cached_keys():
+            return cache.get(key, lambda: load_for_key(key, progress))
         with st.spinner("Loading the model…"):  # reading the config and sizing it, before the first bytes
-            return cache.get(key, "", progress)
+            return cache.get(key, lambda: load_for_key(key, progress))
     finally:
         if bar is not None:
             bar.empty()
 
 
 @st.cache_resource
-def captures() -> CaptureCache:
-    """The server's capture cache. Not `st.cache_resource` on the capture itself: a cached function replays
+def captures() -> TraceCache:
+    """The server's trace cache. Not `st.cache_resource` on the capture itself: a cached function replays
     the elements it drew on later hits, and a capture draws its progress bar while it runs."""
-    return CaptureCache(get_model, size=8)
+    return TraceCache(get_model, size=8)
 
 
 def captured(source: str, text: str, progress: Callable[[int, int], None] | None = None) -> moeviz.Trace:
@@ -90,16 +85,11 @@ def get_trace(source: str, text: str) -> moeviz.Trace:
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
-def routing_frames(source: str, text: str) -> RoutingFrames:
-    """`RoutingFrames` of `text`, built once and shared (read-only: pages only select from them; a
-    per-session copy would cost an unpickling of a million rows on every click of a 32k-token input)."""
-    return build_routing_frames(get_trace(source, text))
-
-
-@st.cache_resource(show_spinner=False, max_entries=8)
-def scale_frames(source: str, text: str) -> ScaleFrames:
-    """`ScaleFrames` of `text` (models with over 20 experts: per-layer frames built on use), shared."""
-    return ScaleFrames(get_trace(source, text))
+def routing_frames(source: str, text: str) -> RoutingFrames | ScaleFrames:
+    """The Routing page's frames of `text` (`routing_frames.frames_for`: per layer, built on use, over 20
+    experts), built once and shared (read-only: pages only select from them; a per-session copy would cost
+    an unpickling of a million rows on every click of a 32k-token input)."""
+    return frames_for(get_trace(source, text))
 
 
 @st.cache_data(show_spinner=False, max_entries=64)

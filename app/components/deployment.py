@@ -10,7 +10,7 @@ import streamlit as st
 
 import moeviz
 from components import access, corpus_store
-from components.docs import DOCS
+from components.docs import deployment_section
 from components.errors import stop_on_error
 from components.widgets import toggle
 from moeviz.store import StoreQuery
@@ -27,21 +27,7 @@ from moeviz.whatif.model_size import (
 from moeviz.whatif.offload import hit_rate_curve, simulate_offload
 from moeviz.whatif.routes import Routes, routes_from_store, routes_from_trace
 
-DOC = "docs/deployment-whatifs.md"
-
-
-def doc_section(heading: str) -> str:
-    """The first `## ` section of docs/deployment-whatifs.md whose title contains `heading` (any case), up to
-    the next `## `; "" when the docs are not installed or have no such section."""
-    path = DOCS / "deployment-whatifs.md"
-    if not path.is_file():
-        return ""
-    sections = path.read_text(encoding="utf-8").split("\n## ")
-    for section in sections[1:]:
-        if heading.lower() in section.partition("\n")[0].lower():
-            text = f"## {section.strip()}"  # shown inside an expander: two levels smaller
-            return "\n".join(f"##{line}" if line.startswith("#") else line for line in text.splitlines())
-    return ""
+DOC = "docs/deployment-whatifs.md"  # where the definitions are, as the page names it
 
 
 def definitions(heading: str, *used: str) -> None:
@@ -50,7 +36,7 @@ def definitions(heading: str, *used: str) -> None:
         st.caption(f"Definition: {used[0]}" + ("" if DOC in used[0] else f" ({DOC})") + ".")
     else:
         st.caption(f"Definitions ({DOC}):\n" + "".join(f"\n- {line}" for line in used))
-    section = doc_section(heading)
+    section = deployment_section(heading)
     if section:
         with st.expander(f"The definitions ({DOC})"):
             st.markdown(section)

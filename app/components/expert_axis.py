@@ -1,7 +1,16 @@
-"""The expert axis at scale (more than 20 experts): sort it (by id, load or the first principal component of
-co-activation), filter it (top-N by load) and pick an expert by typing its id (a searchable picker); the
-chosen expert survives page switches (`st.session_state["expert"]`, as `pickers.pick_expert`). Up to 20
-experts the pages keep their 8-expert views and show none of this."""
+"""The expert axis every per-expert view shares, at any number of experts: which experts a view lists, in
+which order, and the chosen one; and `pick_expert`, the one expert picker.
+
+Up to 20 experts (`scale.at_scale`) the axis is every expert by id and draws nothing. Above, one row of
+controls: sort (by id, load or the first principal component of co-activation), a top-N filter by load and
+the searchable expert picker; the views list the top-N (plus the chosen expert) in the order chosen. The
+chosen expert survives page switches (`st.session_state["expert"]`).
+
+A view that draws differently at scale is chosen here from the axis, so that pages draw one view at any
+size: the layer × expert heatmap (labelled cells up to 20 experts, overview + brushed detail above:
+`show_layer_expert_heatmap`) and one layer's load (bars, or a sorted curve: `load_chart`). `sort_axis` puts
+a chart's expert axis in the axis order, every label kept.
+"""
 
 from __future__ import annotations
 
@@ -13,41 +22,70 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-import moeviz
 from components import exports
+from components.scale import at_scale
 from components.widgets import kept, number
 from moeviz.analysis import expert_options, expert_order
-from moeviz.charts import MAX_CATEGORICAL, layer_expert_heatmap
+from moeviz.charts import (
+    MAX_CATEGORICAL,
+    expert_load_chart,
+    expert_load_curve_chart,
+    layer_expert_heatmap,
+    load_heatmap,
+    load_shift_heatmap,
+)
 
 TOP_N = 32  # experts the filtered views show by default
 SORTS = {"id": "id", "load": "load (busiest first)", "coactivation": "co-activation (PC1)"}
 ORDER_NAMES = {"coactivation": "co-activation PC1"}  # axis titles "experts by <name>" (else the key itself)
-
-
-def at_scale(num_experts: int) -> bool:
-    """Whether a model's expert axis needs the views at scale (more experts than a categorical legend)."""
-    return num_experts > MAX_CATEGORICAL
-
-
-def trace_at_scale(trace: moeviz.Trace) -> bool:
-    """Whether any MoE layer of the trace has more than 20 experts."""
-    return any(at_scale(routing.num_experts) for routing in trace.layers)
+# Up to 20 experts, the layer × expert heatmap of each value is the library's labelled view of that value.
+LABELLED_HEATMAPS = {"utilisation": load_heatmap, "load_change": load_shift_heatmap}
 
 
 @dataclasses.dataclass(frozen=True)
 class ExpertAxis:
-    """order: every expert id in axis order; shown: the top-N by load in axis order, plus the chosen expert;
-    expert: the chosen one; by: what the order is sorted by (a key of SORTS)."""
+    """order: every expert id in axis order; shown: the experts the per-expert views list (all of them up
+    to 20 experts; above, the top-N by load in axis order, plus the chosen expert); expert: the chosen one
+    (None up to 20 experts: there the axis has no picker); by: what the order is sorted by (a key of
+    SORTS); num_experts: the experts of the model."""
 
     order: list[int]
     shown: list[int]
-    expert: int
+    expert: int | None
     by: str
+    num_experts: int
+
+    @classmethod
+    def by_id(cls, num_experts: int) -> ExpertAxis:
+        """Every expert by id, none chosen: the axis up to 20 experts."""
+        ids = list(range(num_experts))
+        return cls(order=ids, shown=ids, expert=None, by="id", num_experts=num_experts)
+
+    def fitting(self, frame: pd.DataFrame) -> ExpertAxis:
+        """This axis for a view of `frame`'s experts when they are the axis's, else every expert of `frame`
+        by id (a second model with another number of experts)."""
+        num_experts = int(frame["expert"].max()) + 1 if len(frame) else 0
+        return self if num_experts == self.num_experts else ExpertAxis.by_id(num_experts)
+
+    @property
+    def at_scale(self) -> bool:
+        """Whether the views at scale are drawn (more experts than a categorical legend lists)."""
+        return at_scale(self.num_experts)
 
     @property
     def order_name(self) -> str:
         """What the axis is sorted by, for an axis title ("experts by <order_name>")."""
         return ORDER_NAMES.get(self.by, self.by)
+
+    def shown_line(self, where: str = "") -> str:
+        """The caption of a view that lists `shown`: "The N busiest of E experts<where> (top-N, and the
+        chosen one), sorted by <order_name>" ("" up to 20 experts, where every expert is listed by id)."""
+        if not self.at_scale:
+            return ""
+        return (
+            f"The {len(self.shown)} busiest of {self.num_experts} experts{where} (top-N, and the chosen "
+            f"one), sorted by {self.order_name}"
+        )
 
 
 def expert_axis(
@@ -55,11 +93,14 @@ def expert_axis(
     coactivation: Callable[[], np.ndarray | pd.DataFrame] | None = None,
     label: str = "Expert",
 ) -> ExpertAxis:
-    """Sort, top-N and expert picker in one row; → the axis. `load`: `expert_balance_frame` rows (one or
+    """The expert axis of the views of `load`'s experts: up to 20 experts, every expert by id (nothing
+    drawn); above, sort, top-N and expert picker in one row. `load`: `expert_balance_frame` rows (one or
     several layers: summed); `coactivation()`: the co-activation matrix or frame, computed only when that
     order is chosen (without it, co-activation is not offered)."""
-    sorts = [s for s in SORTS if s != "coactivation" or coactivation is not None]
     num_experts = int(load["expert"].max()) + 1 if len(load) else 0
+    if not at_scale(num_experts):
+        return ExpertAxis.by_id(num_experts)
+    sorts = [s for s in SORTS if s != "coactivation" or coactivation is not None]
     a, b, c = st.columns([2, 1, 3])
     with a:
         by = kept(
@@ -78,7 +119,7 @@ def expert_axis(
             "expert_top_n",
             min(TOP_N, num_experts),
             1,
-            max(num_experts, 1),
+            num_experts,
             help="Experts the per-expert views list (the busiest N, in the order chosen).",
         )
     order = expert_order(load, by=by, coactivation=coactivation() if by == "coactivation" else None)
@@ -86,19 +127,22 @@ def expert_axis(
         expert = pick_expert(load, order, label)
     busiest = set(expert_order(load, by="load")[:top_n].tolist()) | {expert}
     shown = [int(e) for e in order if e in busiest]
-    return ExpertAxis(order=[int(e) for e in order], shown=shown, expert=expert, by=by)
+    return ExpertAxis(
+        order=[int(e) for e in order], shown=shown, expert=expert, by=by, num_experts=num_experts
+    )
 
 
 def pick_expert(
     load: pd.DataFrame, order: np.ndarray | None = None, label: str = "Expert", widget_key: str | None = None
 ) -> int:
-    """A searchable expert picker (type an id): labels "id · slots · load against the fair share", in
-    `order` (default busiest first); the choice is kept under `st.session_state["expert"]`. Pickers on one
-    page need their own `widget_key`."""
+    """The expert picker, at any number of experts: searchable (type an id), labels "id · slots · load
+    against the fair share", in `order` (default busiest first); starts on the busiest expert, and the
+    choice is kept under `st.session_state["expert"]`. `load`: `expert_balance_frame` rows (one or several
+    layers: summed). Pickers on one page need their own `widget_key`."""
     options = expert_options(load, order)
     ids = list(options.values())
     names = {e: name for name, e in options.items()}
-    if st.session_state.get("expert") not in ids:  # start on the busiest expert
+    if st.session_state.get("expert") not in ids:
         st.session_state["expert"] = int(expert_order(load, by="load")[0]) if ids else None
     return int(
         kept(
@@ -114,20 +158,36 @@ def pick_expert(
     )
 
 
-def show_heatmap(
-    frame: pd.DataFrame, value: str, axis: ExpertAxis | None, key: str, title: str | None = None
+def show_layer_expert_heatmap(
+    frame: pd.DataFrame, value: str, axis: ExpertAxis, key: str, title: str | None = None
 ) -> None:
-    """Show `layer_expert_heatmap` of `frame`'s `value` in `axis`'s order with its chosen expert highlighted
-    (None: by id, nothing highlighted), on a canvas when large; `key` names the chart and its downloads."""
+    """Show the layer × expert heatmap of `frame`'s `value` ("utilisation" of `expert_balance_frame` rows,
+    or "load_change" of `expert_drift_frame` rows): up to 20 experts the library's labelled heatmap of that
+    value; above, `layer_expert_heatmap` in `axis`'s order with its chosen expert outlined, on a canvas.
+    `key` names the chart and its downloads."""
+    if not axis.at_scale:
+        exports.show_chart(LABELLED_HEATMAPS[value](frame, title=title), key)
+        return
     heatmap = layer_expert_heatmap(
-        frame,
-        value,
-        order=axis.order if axis else None,
-        highlight=axis.expert if axis else None,
-        order_name=axis.order_name if axis else "id",
-        title=title,
+        frame, value, order=axis.order, highlight=axis.expert, order_name=axis.order_name, title=title
     )
     exports.show_chart(exports.many_marks(heatmap, len(frame)), key)
+
+
+def load_chart(
+    rows: pd.DataFrame,
+    axis: ExpertAxis,
+    *,
+    title: str,
+    bands: pd.DataFrame | None = None,
+    dropped: int | None = None,
+) -> alt.TopLevelMixin:
+    """One layer's expert load (`expert_balance_frame` rows of the layer): up to 20 experts a bar per expert
+    (and the `dropped` slots), above a curve of the experts sorted busiest first, the chosen expert marked;
+    against the fair share, with the bootstrap `bands` when given."""
+    if axis.at_scale:
+        return expert_load_curve_chart(rows, highlight=axis.expert, title=title, bands=bands)
+    return expert_load_chart(rows, dropped=dropped, title=title, bands=bands)
 
 
 def sort_axis(chart: alt.TopLevelMixin, ids: Sequence[int], *channels: str) -> alt.TopLevelMixin:

@@ -10,7 +10,7 @@ import streamlit as st
 from streamlit.errors import StreamlitAPIException
 
 import moeviz
-from components.docs import DOCS
+from components.docs import EXPERTS_SWEEP
 from components.widgets import kept
 
 # A short text from the bundled held-out slices (sample_models/eval), one piece of each of the samples'
@@ -32,7 +32,7 @@ COLLAPSE_SAMPLES = {
     "collapsed": "sample:mixtral-collapsed",
 }
 BIASED = "sample:deepseek-v3-bias"
-SWEEP = DOCS / "experts-sweep.csv"  # written by the experts sweep script (issue 17, part 4)
+SWEEP = EXPERTS_SWEEP  # written by scripts/experts_sweep.py
 STEP_KEY = "learn_step"
 
 

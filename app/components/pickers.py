@@ -1,5 +1,6 @@
-"""Pickers whose choice survives page switches: the model (sidebar), MoE layer, expert, token and attention
-head; a click on a selectable chart moves the token and head pickers."""
+"""Pickers whose choice survives page switches: the model (sidebar), MoE layer, token and attention head (the
+expert picker is the expert axis's: `expert_axis.pick_expert`); a click on a selectable chart moves the
+token and head pickers."""
 
 from __future__ import annotations
 
@@ -120,12 +121,6 @@ def pick_layer(trace: moeviz.Trace, label: str = "MoE layer") -> tuple[str, int]
     """Layer slider whose choice survives page switches (`st.session_state["layer"]`); → (site, layer)."""
     layers = layer_options(trace.layer_keys)
     return layers[kept("layer", list(layers), st.select_slider, label, list(layers))]
-
-
-def pick_expert(num_experts: int, label: str = "Expert") -> int:
-    """Expert picker whose choice survives page switches (`st.session_state["expert"]`)."""
-    options = list(range(num_experts))
-    return int(kept("expert", options, st.selectbox, label, options))
 
 
 def pick_token(options: dict[str, tuple[int, int]], clicked: tuple[int, int] | None) -> tuple[int, int]:

@@ -1,14 +1,22 @@
-"""The frames the Routing page slices on every interaction, built once per (model, text). No Streamlit."""
+"""The frames the Routing page slices on every interaction, built once per (model, text) and shared by the
+sessions: `RoutingFrames` (every layer's tables, built at once) up to 20 experts, `ScaleFrames` (per layer,
+on first use) above; `frames_for` picks. Both answer the same per-layer questions. No Streamlit.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 
 import moeviz
 import moeviz.analysis
 import moeviz.charts
+from components.scale import trace_at_scale
+from moeviz.analysis import coactivation_pair_counts, filter_experts, layer_scores_frame, layer_trace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,9 +32,13 @@ class RoutingFrames:
     balance: pd.DataFrame
     by_layer: dict[str, dict[tuple[str, int], pd.DataFrame]]  # "scores"/"routing" split per (site, layer)
 
-    def layer_scores(self, site: str, layer: int) -> pd.DataFrame:
-        """The scores rows of one MoE layer (a 32k-token input has a million score rows: split once)."""
-        return self.by_layer["scores"][(site, layer)]
+    def layer_scores(self, site: str, layer: int, experts: Sequence[int] | None = None) -> pd.DataFrame:
+        """The scores rows of one MoE layer (a 32k-token input has a million score rows: split once), of
+        `experts` only when they are not all of them."""
+        frame = self.by_layer["scores"][(site, layer)]
+        if experts is None or len(set(experts)) == frame["expert"].nunique():
+            return frame
+        return filter_experts(frame, experts)
 
     def layer_routing(self, site: str, layer: int) -> pd.DataFrame:
         """The routing rows of one MoE layer."""
@@ -56,6 +68,64 @@ def build_routing_frames(trace: moeviz.Trace) -> RoutingFrames:
             for name, frame in (("scores", scores), ("routing", routing))
         },
     )
+
+
+class ScaleFrames:
+    """The Routing page's frames at scale (over 20 experts: the N × E × L tables of `RoutingFrames` would be
+    15 million rows at 256 experts × 61 layers × 1k tokens): per layer and expert load
+    (`expert_balance_frame`, L × E rows) and the balance row of each layer, built at once; each layer's
+    routing rows built on first use and kept; expert orders kept per sort. Read-only for the pages; shared
+    by sessions (thread-safe)."""
+
+    routing = None  # the whole routing table is not built at scale (its downloads build it on request)
+
+    def __init__(self, trace: moeviz.Trace) -> None:
+        self.trace = trace
+        self.load = moeviz.analysis.expert_balance_frame(trace)
+        self.balance = moeviz.analysis.balance_frame(trace).set_index(["site", "layer"])
+        self._load_by_layer = dict(list(self.load.groupby(["site", "layer"], sort=False)))
+        self._routing: dict[tuple[str, int], pd.DataFrame] = {}
+        self._orders: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def order(self, by: str) -> np.ndarray:
+        """`expert_order` over all layers (load summed; co-activation pair counts summed), kept per `by`."""
+        with self._lock:
+            if by in self._orders:
+                return self._orders[by]
+        coactivation = coactivation_pair_counts(self.trace) if by == "coactivation" else None
+        order = moeviz.analysis.expert_order(self.load, by=by, coactivation=coactivation)
+        with self._lock:
+            return self._orders.setdefault(by, order)
+
+    def layer_load(self, site: str, layer: int) -> pd.DataFrame:
+        """The `expert_balance_frame` rows of one MoE layer."""
+        return self._load_by_layer[(site, layer)]
+
+    def layer_balance(self, site: str, layer: int) -> pd.Series:
+        """The `balance_frame` row of one MoE layer."""
+        return self.balance.loc[(site, layer)]
+
+    def layer_routing(self, site: str, layer: int) -> pd.DataFrame:
+        """The `Trace.routing_frame()` rows of one MoE layer (built on first use)."""
+        key = (site, layer)
+        with self._lock:
+            if key in self._routing:
+                return self._routing[key]
+        frame = layer_trace(self.trace, layer, site).routing_frame()
+        with self._lock:
+            return self._routing.setdefault(key, frame)
+
+    def layer_scores(self, site: str, layer: int, experts: Sequence[int] | None = None) -> pd.DataFrame:
+        """The `Trace.scores_frame` rows of one MoE layer for `experts` (built on each call: they change
+        with the expert axis)."""
+        return layer_scores_frame(self.trace, layer, site, experts)
+
+
+def frames_for(trace: moeviz.Trace) -> RoutingFrames | ScaleFrames:
+    """The Routing page's frames of a trace: `ScaleFrames` when a layer has over 20 experts, else
+    `RoutingFrames`."""
+    return ScaleFrames(trace) if trace_at_scale(trace) else build_routing_frames(trace)
 
 
 def layer_line(layer: int, balance: pd.Series) -> str:

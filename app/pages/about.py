@@ -1,11 +1,12 @@
 """About the model: the architecture facts the loaded model and its trace know."""
 
 import streamlit as st
-from components import caches, expert_axis, exports, load_options, pickers, prompt
+from components import caches, exports, load_options, pickers, prompt
+from components.scale import trace_at_scale
 
 from moeviz.architecture import bias_frame, layer_facts_frame, parameter_summary
 from moeviz.charts import bias_chart, layer_expert_heatmap
-from moeviz.models.placement import format_bytes
+from moeviz.models.memory import format_bytes
 
 st.title("About the model")
 source = pickers.model_picker()
@@ -80,7 +81,7 @@ if bias.empty:
     st.caption("No balancing bias: experts are selected on the router scores alone.")
 else:
     st.subheader("Balancing bias")
-    if expert_axis.trace_at_scale(trace):  # hundreds of experts × dozens of layers: one heatmap
+    if trace_at_scale(trace):  # hundreds of experts × dozens of layers: one heatmap
         heatmap = layer_expert_heatmap(bias, "bias", title="Balancing bias per layer and expert")
         exports.show_chart(exports.many_marks(heatmap, len(bias)), "bias")
     else:

@@ -11,6 +11,7 @@ from moeviz.charts import (
     kv_whatif_heatmap,
     token_window,
 )
+from moeviz.whatif.kv_cache import kv_cache_whatif
 
 WINDOW_SIZES = [16, 32, 64, 128]  # query rows (and key columns) of the visible map: at most 128² cells
 
@@ -155,7 +156,7 @@ def kv_cache() -> None:
     with b:
         keep_first = widgets.number("… plus the first G tokens", "whatif_global", 4, 0, 1_000_000)
     with st.spinner("Measuring the mass each head would lose…"):
-        whatif = att.kv_cache_whatif(keep_last, keep_first)
+        whatif = kv_cache_whatif(att, keep_last, keep_first)
     exports.show_chart(
         kv_whatif_heatmap(whatif, title=f"Attention mass lost with W = {keep_last}, G = {keep_first}"),
         "kv_whatif",

@@ -10,7 +10,7 @@ from moeviz.analysis import (
     match_tokens,
     routing_agreement_frame,
 )
-from moeviz.charts import agreement_chart, load_heatmap, load_shift_heatmap
+from moeviz.charts import agreement_chart
 
 st.title("Compare")
 source = pickers.model_picker()
@@ -54,18 +54,15 @@ trace_a = caches.load_or_stop(source_a, text)
 trace_b = caches.load_or_stop(source_b, text)
 
 load_a, load_b = expert_balance_frame(trace_a), expert_balance_frame(trace_b)
-SCALE = expert_axis.trace_at_scale(trace_a) or expert_axis.trace_at_scale(trace_b)
-if SCALE:  # hundreds of experts: one above the other, sorted, overview + brushed detail
-    axis = expert_axis.expert_axis(load_a if expert_axis.trace_at_scale(trace_a) else load_b)
-    for key, load, name in (("load_a", load_a, f"A: {source_a}"), ("load_b", load_b, f"B: {source_b}")):
-        same = int(load["expert"].max()) + 1 == len(axis.order)  # the axis order fits this model's experts
-        expert_axis.show_heatmap(load, "utilisation", axis if same else None, key, title=name)
-else:
-    left, right = st.columns(2)
-    with left:
-        exports.show_chart(load_heatmap(load_a, title=f"A: {source_a}"), "load_a")
-    with right:
-        exports.show_chart(load_heatmap(load_b, title=f"B: {source_b}"), "load_b")
+# the axis of the model with more experts (A's when they have as many)
+axis = expert_axis.expert_axis(load_b if load_b["expert"].max() > load_a["expert"].max() else load_a)
+# side by side; at scale one above the other (an overview + detail each needs the whole width)
+places = (st.container(), st.container()) if axis.at_scale else st.columns(2)
+for place, key, load, name in zip(
+    places, ("load_a", "load_b"), (load_a, load_b), (f"A: {source_a}", f"B: {source_b}"), strict=True
+):
+    with place:
+        expert_axis.show_layer_expert_heatmap(load, "utilisation", axis.fitting(load), key, title=name)
 st.caption("Utilisation c_e / (kT/E) per layer and expert in each model (white = fair share).")
 
 try:
@@ -97,10 +94,9 @@ st.caption(
 )
 exports.table_downloads(agreement, "agreement")
 
-if SCALE:
-    expert_axis.show_heatmap(drift, "load_change", axis, "load_shift", title="Load change B − A (tokens)")
-else:
-    exports.show_chart(load_shift_heatmap(drift), "load_shift")
+expert_axis.show_layer_expert_heatmap(
+    drift, "load_change", axis.fitting(drift), "load_shift", "Load shift A → B"
+)
 st.caption(
     "Load change c_e(B) − c_e(A) in tokens; hover for retained = |Tᵃ_e ∩ Tᵇ_e| / |Tᵃ_e| (of A's tokens, "
     "the share B still sends to e) and drift = 1 − Jaccard of the two token sets. Expert ids only mean the "

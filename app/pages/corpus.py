@@ -4,8 +4,8 @@ import streamlit as st
 from components import expert_axis, exports
 from components.corpus_store import run_options, store_picker
 
-from moeviz.analysis import domain_top_experts
-from moeviz.charts import balance_chart, load_heatmap
+from moeviz.analysis import domain_top_experts, filter_experts
+from moeviz.charts import balance_chart
 from moeviz.charts.checkpoints import domain_specialisation_heatmap
 from moeviz.store import StoreQuery
 
@@ -37,13 +37,8 @@ query = StoreQuery(
 
 st.subheader("Load per layer and expert")
 load = query.expert_balance()
-num_experts = int(load["expert"].max()) + 1 if len(load) else 0
-axis = None
-if expert_axis.at_scale(num_experts):  # sorted, overview + brushed detail
-    axis = expert_axis.expert_axis(load)
-    expert_axis.show_heatmap(load, "utilisation", axis, "corpus_load")
-else:
-    exports.show_chart(load_heatmap(load), "corpus_load")
+axis = expert_axis.expert_axis(load)
+expert_axis.show_layer_expert_heatmap(load, "utilisation", axis, "corpus_load")
 st.caption("Tokens each expert received over its fair share (white = fair, red = over, blue = under).")
 exports.table_downloads(load, "corpus_expert_load")
 
@@ -76,16 +71,11 @@ exports.table_downloads(verdicts, "corpus_collapse")
 
 st.subheader("Domain specialisation")
 spec = query.domain_specialisation()
-if axis is None:
-    exports.show_chart(domain_specialisation_heatmap(spec), "corpus_specialisation")
-else:  # at scale: the experts of the axis (top-N by load and the chosen one), in its order
-    shown = spec[spec["expert"].isin(axis.shown)]
-    chart = expert_axis.sort_axis(domain_specialisation_heatmap(shown), axis.shown, "x")
-    exports.show_chart(exports.many_marks(chart, len(shown)), "corpus_specialisation")
-    st.caption(
-        f"The {len(axis.shown)} busiest of {num_experts} experts (top-N, and the chosen one), sorted by "
-        f"{axis.order_name}; one panel per layer (choose layers above to show fewer)."
-    )
+shown = filter_experts(spec, axis.shown)
+chart = expert_axis.sort_axis(domain_specialisation_heatmap(shown), axis.shown, "x")
+exports.show_chart(exports.many_marks(chart, len(shown)), "corpus_specialisation")
+if axis.at_scale:
+    st.caption(f"{axis.shown_line()}; one panel per layer (choose layers above to show fewer).")
 st.caption("How much more often each expert is chosen for a domain's tokens than chance (lift = DS / (k/E)).")
 exports.table_downloads(spec, "corpus_domain_specialisation")
 

@@ -1,13 +1,14 @@
 """Load and collapse: how evenly each layer spreads tokens over its experts, and the verdicts."""
 
 import streamlit as st
-from components import docs, expert_axis, exports, pickers, prompt, scale_frames
+from components import docs, expert_axis, exports, pickers, prompt
 
 from moeviz.analysis import (
     AUX_LOSS_FORMS,
     CollapseThresholds,
     aux_loss_frame,
     balance_frame,
+    coactivation_pair_counts,
     collapse_frame,
     collapse_report,
     expert_balance_frame,
@@ -18,7 +19,6 @@ from moeviz.charts import (
     aux_loss_chart,
     balance_chart,
     dead_hot_experts,
-    load_heatmap,
 )
 
 INDICATORS = {
@@ -47,11 +47,10 @@ trace = prompt.prompt_or_corpus_trace(source)
 st.caption(f"{trace.model.architecture} · {len(trace.tokens)} tokens · {len(trace.layer_keys)} MoE layers")
 
 experts = expert_balance_frame(trace)
-if expert_axis.trace_at_scale(trace):  # hundreds of experts: sorted, overview + brushed detail
-    axis = expert_axis.expert_axis(experts, lambda: scale_frames.coactivation_counts_all(trace))
-    expert_axis.show_heatmap(experts, "utilisation", axis, "load_heatmap", title="Load per layer and expert")
-else:
-    exports.show_chart(load_heatmap(experts), "load_heatmap")
+axis = expert_axis.expert_axis(experts, lambda: coactivation_pair_counts(trace))
+expert_axis.show_layer_expert_heatmap(
+    experts, "utilisation", axis, "load_heatmap", "Load per layer and expert"
+)
 st.caption(
     "Utilisation u_e = c_e / (kT/E): tokens an expert received over its fair share (k slots × T tokens "
     "spread over E experts). White = exactly fair, red = overloaded, blue = underused; log₂ scale, "

@@ -7,11 +7,12 @@ import streamlit as st
 from components import caches, expert_axis, exports, pickers, prompt
 from components.counterfactual import next_token_metrics
 from components.errors import stop_on_error
+from components.scale import at_scale
 
 import moeviz
 from moeviz.analysis.losses import AUX_LOSS_FORMS
 from moeviz.analysis.reroute import RerouteSettings, max_k, reroute_layer
-from moeviz.charts import expert_load_chart, expert_load_curve_chart, router_score_heatmap
+from moeviz.charts import router_score_heatmap
 from moeviz.charts.attribution import position_delta_chart
 from moeviz.charts.learn import aux_terms_compare_chart
 from moeviz.interventions import ForceRouting, counterfactual
@@ -29,7 +30,7 @@ site, layer = pickers.pick_layer(trace)
 routing = trace.layer(layer, site)
 captured = RerouteSettings.captured(routing)
 experts_n = routing.num_experts
-AT_SCALE = expert_axis.at_scale(experts_n)  # over 20 experts: a bias table, load curves, top-N experts
+AT_SCALE = at_scale(experts_n)  # over 20 experts: a bias table instead of an input per expert
 
 
 def _defaults() -> dict:
@@ -208,47 +209,37 @@ metrics.metric(
 )
 
 captured_rows, rerouted_rows = rerouted.load_rows(captured=True), rerouted.load_rows()
-# at scale, the experts the per-expert views list: top-N by the captured load, and the chosen one
-axis = expert_axis.expert_axis(captured_rows) if AT_SCALE else None
+# the experts the per-expert views list (over 20: the top-N by the captured load, and the chosen one)
+axis = expert_axis.expert_axis(captured_rows)
 left, right = st.columns(2)
 for column, rows, dropped, title, key in (
     (left, captured_rows, None, f"Expert load, captured (top-{routing.k})", "pg_load_captured"),
     (right, rerouted_rows, rerouted.dropped_slots, f"Expert load, re-routed (top-{k})", "pg_load_rerouted"),
 ):
     with column:
-        exports.show_chart(
-            expert_load_curve_chart(rows, highlight=axis.expert, title=title)
-            if axis
-            else expert_load_chart(rows, dropped=dropped, title=title),
-            key,
-        )
+        exports.show_chart(expert_axis.load_chart(rows, axis, title=title, dropped=dropped), key)
 st.caption(
     "Each expert's load against the fair share kT/E (1), busiest first; the chosen expert is marked."
-    if axis
+    if axis.at_scale
     else "Tokens dispatched to each expert; dashed line = the fair share kT/E; grey = dropped by capacity."
 )
 
 st.subheader("New dispatch per token")
-shown = axis.shown if axis else None
 heatmap = router_score_heatmap(
     rerouted.as_trace(trace).scores_frame(layer, site),
     max_tokens=MAX_TOKENS,
     title=f"Re-routed scores and dispatch, layer {layer}",
     selectable=False,
-    experts=shown,
+    experts=axis.shown,
 )
 exports.show_chart(
     exports.many_marks(
-        expert_axis.sort_axis(heatmap, shown) if axis else heatmap,
-        min(n_tokens, MAX_TOKENS) * (len(shown) if axis else experts_n),
+        expert_axis.sort_axis(heatmap, axis.shown), min(n_tokens, MAX_TOKENS) * len(axis.shown)
     ),
     "pg_dispatch",
 )
-if axis:
-    st.caption(
-        f"The {len(axis.shown)} busiest of {experts_n} experts under the captured routing (top-N, and the "
-        f"chosen one), sorted by {axis.order_name}."
-    )
+if axis.at_scale:
+    st.caption(f"{axis.shown_line(' under the captured routing')}.")
 st.caption(
     f"Colour = re-routed score = {score_fn}(logits / {temperature:g}); ● = where the token is now sent "
     "(dropped slots have no ●)."

@@ -1,16 +1,20 @@
 """Routing: which experts each token of a prompt was sent to, layer by layer, and one token in detail."""
 
 import streamlit as st
-from components import caches, expert_axis, exports, pickers, prompt, scale_frames, widgets
+from components import caches, expert_axis, exports, pickers, prompt, widgets
 from components.routing_frames import band_text, layer_line
+from components.scale import trace_at_scale
 
-from moeviz.analysis import token_confidence_frame, token_scores_frame
+from moeviz.analysis import (
+    coactivation_pair_counts,
+    expert_scores_frame,
+    token_confidence_frame,
+    token_scores_frame,
+)
 from moeviz.charts import (
     attention_row_chart,
     attention_row_frame,
     binned_dispatch_heatmap,
-    expert_load_chart,
-    expert_load_curve_chart,
     expert_timeline_chart,
     layer_expert_heatmap,
     router_score_heatmap,
@@ -33,9 +37,9 @@ source = pickers.model_picker()
 text = prompt.prompt_form()
 trace = caches.load_or_stop(source, text)
 # Over 20 experts (DeepSeek-V3, Kimi-K2: 256–384) the views at scale, from per-layer frames; up to 20 the
-# 8-expert views, from frames of every layer built once.
-SCALE = expert_axis.trace_at_scale(trace)
-frames = caches.scale_frames(source, text) if SCALE else caches.routing_frames(source, text)
+# 8-expert views, from frames of every layer built once (`caches.routing_frames` picks).
+SCALE = trace_at_scale(trace)
+frames = caches.routing_frames(source, text)
 st.caption(f"{trace.model.architecture} · {len(trace.tokens)} tokens · {len(trace.layer_keys)} MoE layers")
 num_tokens = max(trace.layer(layer, site).logits.shape[0] for site, layer in trace.layer_keys)  # per layer
 
@@ -53,76 +57,97 @@ lo, _ = token_window(num_tokens, max_tokens=WINDOW, start=start)
 
 @st.fragment
 def layer_views() -> None:
-    """The chosen MoE layer: binned overview, token strip, score heatmap with its drill-down, expert load."""
+    """The chosen MoE layer: the expert axis (over 20 experts: sort, top-N, searchable picker), binned
+    overview, token strip (at scale by expert group or id, the chosen expert outlined), the score heatmap of
+    the shown experts with its drill-down, expert load."""
     site, layer = pickers.pick_layer(trace)
     routing = trace.layer(layer, site)
     st.caption(layer_line(layer, frames.layer_balance(site, layer)))
-    if SCALE:
-        layer_views_at_scale(site, layer)
-        return
-    scores = frames.layer_scores(site, layer)
+    axis = expert_axis.expert_axis(
+        frames.layer_load(site, layer), lambda: coactivation_pair_counts(trace, layer, site)
+    )
+    scores = frames.layer_scores(site, layer, axis.shown)
     # Overview and strip sit above the heatmap but are drawn after it: the heatmap, what a layer switch is
     # for, reaches the browser first.
     above = st.container()
-    heatmap_and_token(site, layer)
+    heatmap_and_token(site, layer, axis, scores)
     with above:
-        if num_tokens > MAX_TOKENS:
+        if num_tokens > WINDOW:
+            binned = binned_dispatch_heatmap(
+                scores, max_bins=BINS, title=f"Dispatch over the whole input, layer {layer}"
+            )
             exports.show_chart(
-                exports.many_marks(
-                    binned_dispatch_heatmap(
-                        scores, max_bins=100, title=f"Dispatch over the whole input, layer {layer}"
-                    ),
-                    100 * routing.num_experts,
-                ),
+                exports.many_marks(expert_axis.sort_axis(binned, axis.shown), BINS * len(axis.shown)),
                 "binned",
             )
-        layer_rows = frames.layer_routing(site, layer)
         exports.show_chart(
             exports.many_marks(
                 token_strip_chart(
-                    layer_rows,
+                    frames.layer_routing(site, layer),
                     num_experts=routing.num_experts,
-                    max_tokens=MAX_TOKENS,
+                    max_tokens=WINDOW,
                     start=lo,
                     title=f"Tokens by top-1 expert, layer {layer}",
+                    n_group=routing.n_group,
+                    highlight=axis.expert,
                 ),
-                2 * min(num_tokens, MAX_TOKENS),
+                2 * min(num_tokens, WINDOW),
             ),
             "strip",
         )
-        st.caption(
-            "Each token is coloured by the expert with the largest combination weight at this layer; "
-            "hover for it."
-        )
-    load_view(site, layer, routing.num_experts)
+        colour = "Each token is coloured by the expert with the largest combination weight at this layer"
+        if not axis.at_scale:
+            st.caption(f"{colour}; hover for it.")
+        else:
+            grouped = routing.n_group and routing.n_group > 1
+            st.caption(
+                f"{colour}: "
+                + (
+                    f"by its group ({routing.n_group} groups of {routing.num_experts // routing.n_group} "
+                    "experts)"
+                    if grouped
+                    else "on a continuous scale of expert ids"
+                )
+                + f"; outlined: tokens whose top-1 is expert {axis.expert}. Hover for the expert."
+            )
+    load_view(site, layer, axis)
 
 
 @st.fragment
-def heatmap_and_token(site: str, layer: int) -> None:
-    """The layer's score heatmap and the token clicked in it (a click reruns only this)."""
-    scores = frames.layer_scores(site, layer)
+def heatmap_and_token(site: str, layer: int, axis: expert_axis.ExpertAxis, scores) -> None:
+    """The layer's score heatmap of the shown experts and the token clicked in it (a click reruns only
+    this): up to 20 experts its drill-down below; at scale the click asks for the drill-down, a fragment
+    of its own (a full rerun)."""
+    routing = trace.layer(layer, site)
+    heatmap = router_score_heatmap(
+        scores, max_tokens=WINDOW, start=lo, title=f"Router scores, layer {layer}", experts=axis.shown
+    )
     event = exports.show_chart(
         exports.many_marks(
-            router_score_heatmap(
-                scores, max_tokens=MAX_TOKENS, start=lo, title=f"Router scores, layer {layer}"
-            ),
-            min(num_tokens, MAX_TOKENS) * trace.layer(layer, site).num_experts,
+            expert_axis.sort_axis(heatmap, axis.shown), min(num_tokens, WINDOW) * len(axis.shown)
         ),
         "heatmap",
         select=True,
     )
+    shown = f"{axis.shown_line(' at this layer')}. " if axis.at_scale else ""
     st.caption(
-        f"Colour = router score = {trace.layer(layer, site).score_fn}(router logits), before top-k. "
+        f"{shown}Colour = router score = {routing.score_fn}(router logits), before top-k. "
         "● = expert the token was dispatched to; hover a cell for its logit and the combination weight the "
         "model used (0 where not dispatched). Click a cell to open its token below. Where the token labels "
         "would overlap (long windows, narrow pages) only every n-th is printed; every cell's tooltip names "
         "its token."
     )
     pickers.remember_cell(event)  # the clicked cell's expert, for the Why page
-    token_detail(layer, pickers.clicked_token(event))
+    clicked = pickers.clicked_token(event)
+    if not axis.at_scale:
+        token_detail(site, layer, clicked)
+    elif widgets.new_click(clicked, "scale_cell_clicked"):
+        st.session_state["scale_token_click"] = clicked
+        st.session_state["scale_token_detail"] = True  # a click asks for its token's drill-down
+        st.rerun()  # the whole page: the drill-down is a fragment of its own
 
 
-def token_detail(layer: int, clicked: tuple[int, int] | None) -> None:
+def token_detail(site: str, layer: int, clicked: tuple[int, int] | None) -> None:
     st.subheader("One token in detail", anchor="token")
     # The tokens of the window on show (a long input's picker would ship every token to the browser).
     seq, pos = pickers.pick_token(token_options(trace.tokens.iloc[lo : lo + MAX_TOKENS]), clicked)
@@ -141,10 +166,7 @@ def token_detail(layer: int, clicked: tuple[int, int] | None) -> None:
             )
         with c3:
             exports.show_chart(margin_chart, "token_margin")
-            st.caption(
-                "Top-k margin m = (min_{e∈S} p − max_{e∉S} p) / min_{e∈S} p: how far the weakest chosen "
-                "expert beat the best rejected one (0 = a tie decided it)."
-            )
+            st.caption(expert_axis.margin_caption(trace.layer(layer, site)))
         st.dataframe(mine_conf, hide_index=True)
         exports.table_downloads(mine_conf, "token_confidence")
         attention_row(layer, seq, pos)
@@ -189,22 +211,19 @@ def attention_row(layer: int, seq: int, pos: int) -> None:
     exports.table_downloads(row, "token_attention")
 
 
-def load_view(site: str, layer: int, num_experts: int, highlight: int | None = None) -> None:
+def load_view(site: str, layer: int, axis: expert_axis.ExpertAxis) -> None:
     summary = frames.layer_balance(site, layer)
     load = frames.layer_load(site, layer)
+    num_experts = trace.layer(layer, site).num_experts
     dropped = int(summary["dropped"])
     # bootstrap bands (tokens resampled), cached per layer; at scale 400 draws (~0.06 s at 1000 tokens × 256
     # experts, against ~0.5 s for 2000) keep a layer switch quick
-    draws = 400 if SCALE else 2000
+    draws = 400 if axis.at_scale else 2000
     bands, spread = caches.layer_load_bands(source, text, site, layer, trace.layer(layer, site), draws)
     # chart full width, then the indicators in one row: readable from 900 px (a side column was not)
-    title = f"Expert load, layer {layer}"
-    chart = (
-        expert_load_curve_chart(load, highlight=highlight, title=title, bands=bands)
-        if SCALE
-        else expert_load_chart(load, title=title, bands=bands)
+    exports.show_chart(
+        expert_axis.load_chart(load, axis, title=f"Expert load, layer {layer}", bands=bands), "load"
     )
-    exports.show_chart(chart, "load")
     # indicators side by side at their own width, wrapping to a second row on a narrow page (never cut)
     metrics = st.container(horizontal=True, gap="large")
     metrics.metric(
@@ -230,14 +249,13 @@ def load_view(site: str, layer: int, num_experts: int, highlight: int | None = N
             help=f"{dropped:,} of the kT slots dropped by expert capacity (no expert ran them)",
             width="content",
         )
-    if SCALE:
+    if axis.at_scale:
         st.caption(
             "Curve: each expert's utilisation c_e / (kT/E), busiest first (a token counts once per "
             "expert it uses); dashed line: the fair share kT/E; the chosen expert marked. Dropped slots "
             f"are not drawn (see the Dropped metric). Grey band: 90% bootstrap band ({draws} draws, "
             "tokens resampled; too narrow for one text, whose tokens are not independent)."
         )
-        exports.routing_downloads(trace)
     else:
         st.caption(
             "Bars: tokens dispatched to each expert in this layer (a token counts once per expert it "
@@ -245,20 +263,30 @@ def load_view(site: str, layer: int, num_experts: int, highlight: int | None = N
             "grey bar: the slots dropped by expert capacity (when any). Whiskers: 90% bootstrap band "
             "(tokens resampled; too narrow for one text, whose tokens are not independent)."
         )
-        exports.routing_downloads(trace, frames.routing)
+    exports.routing_downloads(trace, frames.routing)
 
 
 @st.fragment
 def expert_timeline() -> None:
-    """One expert's score over layers × tokens (an expert choice reruns only this)."""
+    """One expert's score over layers × tokens (an expert choice reruns only this); at scale drawn on
+    request (layers × tokens marks for the browser)."""
     st.subheader("One expert across layers")
+    if SCALE and not widgets.toggle(
+        "Show one expert's score at every layer",
+        "scale_timeline",
+        help=f"{len(trace.layer_keys)} layers × up to {WINDOW} tokens: drawn only when asked for.",
+    ):
+        return
     sites = list(dict.fromkeys(site for site, _ in trace.layer_keys))
     site = st.selectbox("Site", sites, key="timeline_site") if len(sites) > 1 else sites[0]
-    layer = next(layer for s, layer in trace.layer_keys if s == site)
-    expert = pickers.pick_expert(trace.layer(layer, site).num_experts)
+    # its own picker (the expert axis above has one at scale), sharing the kept expert
+    expert = expert_axis.pick_expert(frames.load[frames.load["site"] == site], widget_key="timeline_expert")
     exports.show_chart(
-        expert_timeline_chart(
-            frames.scores[frames.scores["site"] == site], expert, max_tokens=MAX_TOKENS, start=lo
+        exports.many_marks(
+            expert_timeline_chart(
+                expert_scores_frame(trace, expert, site), expert, max_tokens=WINDOW, start=lo
+            ),
+            min(num_tokens, WINDOW) * len(trace.layer_keys),
         ),
         "timeline",
     )
@@ -267,92 +295,9 @@ def expert_timeline() -> None:
     )
 
 
-# ---- over 20 experts ---------------------------------------------------------------------------------------
-# A layer switch redraws only the layer's views (binned overview, strip, heatmap, load curve); the token's
-# drill-down (every layer × every expert) is a fragment of its own, moved by a heatmap click (a full rerun),
-# and the expert timeline is drawn on request: each is tens of thousands of marks for the browser.
-def layer_views_at_scale(site: str, layer: int) -> None:
-    """The chosen layer at scale: the expert axis (sort, top-N, searchable picker), binned overview and
-    token strip (by expert group or id, the chosen expert outlined), the score heatmap of the shown experts
-    (a click opens its token below), the load curve."""
-    routing = trace.layer(layer, site)
-    axis = expert_axis.expert_axis(
-        frames.layer_load(site, layer), lambda: scale_frames.coactivation_counts(trace, site, layer)
-    )
-    scores = scale_frames.layer_scores(trace, site, layer, axis.shown)
-    above = st.container()
-    heatmap_at_scale(site, layer, axis, scores)
-    with above:
-        if num_tokens > WINDOW:
-            binned = binned_dispatch_heatmap(
-                scores, max_bins=BINS, title=f"Dispatch over the whole input, layer {layer}"
-            )
-            exports.show_chart(
-                exports.many_marks(expert_axis.sort_axis(binned, axis.shown), BINS * len(axis.shown)),
-                "binned",
-            )
-        exports.show_chart(
-            exports.many_marks(
-                token_strip_chart(
-                    frames.layer_routing(site, layer),
-                    num_experts=routing.num_experts,
-                    max_tokens=WINDOW,
-                    start=lo,
-                    title=f"Tokens by top-1 expert, layer {layer}",
-                    n_group=routing.n_group,
-                    highlight=axis.expert,
-                ),
-                2 * min(num_tokens, WINDOW),
-            ),
-            "strip",
-        )
-        grouped = routing.n_group and routing.n_group > 1
-        st.caption(
-            "Each token is coloured by the expert with the largest combination weight at this layer: "
-            + (
-                f"by its group ({routing.n_group} groups of {routing.num_experts // routing.n_group} experts)"
-                if grouped
-                else "on a continuous scale of expert ids"
-            )
-            + f"; outlined: tokens whose top-1 is expert {axis.expert}. Hover for the expert."
-        )
-    load_view(site, layer, routing.num_experts, axis.expert)
-
-
-def heatmap_at_scale(site: str, layer: int, axis: expert_axis.ExpertAxis, scores) -> None:
-    """The score heatmap of the shown experts; a newly clicked cell opens its token in the drill-down."""
-    event = exports.show_chart(
-        exports.many_marks(
-            expert_axis.sort_axis(
-                router_score_heatmap(
-                    scores,
-                    max_tokens=WINDOW,
-                    start=lo,
-                    title=f"Router scores, layer {layer}",
-                    experts=axis.shown,
-                ),
-                axis.shown,
-            ),
-            min(num_tokens, WINDOW) * len(axis.shown),
-        ),
-        "heatmap",
-        select=True,
-    )
-    routing = trace.layer(layer, site)
-    st.caption(
-        f"The {len(axis.shown)} busiest of {routing.num_experts} experts at this layer (top-N, and the "
-        f"chosen one), sorted by {axis.order_name}. Colour = router score = {routing.score_fn}(router "
-        "logits), before top-k; ● = dispatched; hover for logit and weight. Click a cell to open "
-        "its token below. Token labels that would overlap are thinned (every cell's tooltip names its token)."
-    )
-    pickers.remember_cell(event)  # the clicked cell's expert, for the Why page
-    clicked = pickers.clicked_token(event)
-    if widgets.new_click(clicked, "scale_cell_clicked"):
-        st.session_state["scale_token_click"] = clicked
-        st.session_state["scale_token_detail"] = True  # a click asks for its token's drill-down
-        st.rerun()  # the whole page: the drill-down is a fragment of its own
-
-
+# ---- the token's drill-down over 20 experts ----------------------------------------------------------------
+# Its own fragment, moved by a heatmap click (a full rerun) and drawn on request: every layer × every expert
+# is tens of thousands of marks for the browser.
 RANK_BY = {"score": "router score p", "selection_score": "selection score p + b", "load": "layer load"}
 
 
@@ -427,37 +372,7 @@ def token_detail_at_scale() -> None:
         attention_row(layer, seq, pos)
 
 
-@st.fragment
-def expert_timeline_at_scale() -> None:
-    """One expert's score over layers × tokens, on request (its own searchable picker, sharing the kept
-    expert)."""
-    st.subheader("One expert across layers")
-    if not widgets.toggle(
-        "Show one expert's score at every layer",
-        "scale_timeline",
-        help=f"{len(trace.layer_keys)} layers × up to {WINDOW} tokens: drawn only when asked for.",
-    ):
-        return
-    sites = list(dict.fromkeys(site for site, _ in trace.layer_keys))
-    site = st.selectbox("Site", sites, key="timeline_site") if len(sites) > 1 else sites[0]
-    expert = expert_axis.pick_expert(frames.load[frames.load["site"] == site], widget_key="timeline_expert")
-    exports.show_chart(
-        exports.many_marks(
-            expert_timeline_chart(
-                scale_frames.expert_scores(trace, site, expert), expert, max_tokens=WINDOW, start=lo
-            ),
-            min(num_tokens, WINDOW) * len(trace.layer_keys),
-        ),
-        "timeline",
-    )
-    st.caption(
-        "Colour = this expert's router score for each token at each MoE layer; ● = the token was sent to it."
-    )
-
-
 layer_views()
 if SCALE:
     token_detail_at_scale()
-    expert_timeline_at_scale()
-else:
-    expert_timeline()
+expert_timeline()

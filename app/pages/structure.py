@@ -1,12 +1,17 @@
 """Structure: which experts fire together, how routing flows across layers, and along the text."""
 
 import streamlit as st
-from components import expert_axis, exports, pickers, prompt, scale_frames
+from components import expert_axis, exports, pickers, prompt
 
 from moeviz.analysis import (
     coactivation_frame,
+    coactivation_pair_counts,
     expert_balance_frame,
     expert_order,
+    filter_experts,
+    layer_coactivation_frame,
+    layer_trace,
+    next_layer_transition_frame,
     path_frame,
     repetition_frame,
     transition_frame,
@@ -17,13 +22,11 @@ st.title("Structure")
 source = pickers.model_picker()
 trace = prompt.prompt_or_corpus_trace(source)
 site, layer = pickers.pick_layer(trace)
-# Over 20 experts: one layer (pair) at a time, the top-N experts by load in the order chosen, all labelled.
-SCALE = expert_axis.trace_at_scale(trace)
-if SCALE:
-    axis = expert_axis.expert_axis(
-        expert_balance_frame(scale_frames.one_layer(trace, site, layer)),
-        lambda: scale_frames.coactivation_counts(trace, site, layer),
-    )
+# The chosen layer's experts: all of them by id, or over 20 the top-N by load in the order chosen.
+axis = expert_axis.expert_axis(
+    expert_balance_frame(layer_trace(trace, layer, site)),
+    lambda: coactivation_pair_counts(trace, layer, site),
+)
 
 st.subheader("Co-activation")
 adjacent = st.toggle(
@@ -31,22 +34,14 @@ adjacent = st.toggle(
     key="coact_adjacent",
     help="Count only experts at consecutive ranks r, r+1 of S_t.",
 )
-if SCALE:
-    coact = coact_layer = scale_frames.coactivation(trace, site, layer, adjacent_only=adjacent)
-    shown = scale_frames.filter_experts(coact_layer, axis.shown, "expert", "co_expert")
-    chart = coactivation_heatmap(shown, title=f"Co-activation, layer {layer}")
-    chart = expert_axis.sort_axis(chart, axis.shown, "x", "y")
-    exports.show_chart(exports.many_marks(chart, len(shown)), "coactivation")
-    st.caption(
-        f"The {len(axis.shown)} busiest experts of this layer (top-N, and the chosen one), sorted by "
-        f"{axis.order_name}; the download has all of them."
-    )
-else:
-    coact = coactivation_frame(trace, adjacent_only=adjacent)
-    coact_layer = coact[(coact["layer"] == layer) & (coact["site"] == site)]
-    exports.show_chart(
-        coactivation_heatmap(coact_layer, title=f"Co-activation, layer {layer}"), "coactivation"
-    )
+coact_layer = layer_coactivation_frame(trace, layer, site, adjacent_only=adjacent)
+shown = filter_experts(coact_layer, axis.shown, "expert", "co_expert")
+chart = coactivation_heatmap(shown, title=f"Co-activation, layer {layer}")
+exports.show_chart(
+    exports.many_marks(expert_axis.sort_axis(chart, axis.shown, "x", "y"), len(shown)), "coactivation"
+)
+if axis.at_scale:
+    st.caption(f"{axis.shown_line(' at this layer')}; the download has all of them.")
 st.caption(
     "CoAct(i, j) = #{t : i, j ∈ S_t} / #{t : i ∈ S_t}: of the tokens sent to expert i (row), the share also "
     "sent to j. Not symmetric; the diagonal is left out. "
@@ -56,36 +51,40 @@ st.caption(
         else "All pairs of S_t count."
     )
 )
+# the download: every layer while that is small (E² × L rows), this layer at scale
+coact = coact_layer if axis.at_scale else coactivation_frame(trace, adjacent_only=adjacent)
 exports.table_downloads(coact, "coactivation")
 
 st.subheader("Across layers")
 top1 = st.toggle("Top-1 only", key="transition_top1", help="Follow only each token's top-1 expert.")
-transitions = scale_frames.transitions(trace, site, layer, top1) if SCALE else transition_frame(trace, top1)
+# every pair of consecutive layers; at scale (E² rows a pair) the chosen layer → the next one
+transitions = (
+    next_layer_transition_frame(trace, layer, site, top1) if axis.at_scale else transition_frame(trace, top1)
+)
 if transitions.empty:
     st.info(
         "Transitions need a next MoE layer: pick an earlier layer."
-        if SCALE
+        if axis.at_scale
         else "Transitions need at least two MoE layers."
     )
-elif SCALE:  # the chosen layer → the next one, top-N experts on both sides
-    following = int(transitions["next_layer"].iloc[0])
-    ahead = expert_balance_frame(scale_frames.one_layer(trace, site, following))
-    top = len(axis.shown)
-    busiest = expert_order(ahead, by="load")[:top].tolist()
-    ahead_ids = sorted(busiest) if axis.by == "id" else busiest
-    shown = scale_frames.filter_experts(transitions, axis.shown, "expert")
-    shown = shown[shown["next_expert"].isin(ahead_ids)]
-    chart = expert_axis.sort_axis(transition_heatmaps(shown), axis.shown, "y")
-    exports.show_chart(
-        exports.many_marks(expert_axis.sort_axis(chart, ahead_ids, "x"), len(shown)), "transitions"
-    )
-    st.caption(
-        f"Layer {layer} → {following}: rows = the experts shown above, columns = the {top} busiest experts "
-        f"of layer {following} ({'by id' if axis.by == 'id' else 'busiest first'})."
-    )
 else:
-    exports.show_chart(transition_heatmaps(transitions[transitions["site"] == site]), "transitions")
-if not transitions.empty:
+    shown = filter_experts(transitions[transitions["site"] == site], axis.shown)
+    ahead: list[int] = []  # at scale the columns: the next layer's busiest experts, as many as the rows
+    if axis.at_scale:
+        following = int(transitions["next_layer"].iloc[0])
+        busiest = expert_order(expert_balance_frame(layer_trace(trace, following, site)), by="load")
+        ahead = busiest[: len(axis.shown)].tolist()
+        ahead = sorted(ahead) if axis.by == "id" else ahead
+        shown = filter_experts(shown, ahead, "next_expert")
+    chart = expert_axis.sort_axis(transition_heatmaps(shown), axis.shown, "y")
+    if ahead:
+        chart = expert_axis.sort_axis(chart, ahead, "x")
+    exports.show_chart(exports.many_marks(chart, len(shown)), "transitions")
+    if axis.at_scale:
+        st.caption(
+            f"Layer {layer} → {following}: rows = the experts shown above, columns = the {len(ahead)} "
+            f"busiest experts of layer {following} ({'by id' if axis.by == 'id' else 'busiest first'})."
+        )
     st.caption(
         "T(i → j) = P(j ∈ S_t at the next layer | i ∈ S_t at this layer). Rows sum to k (set) or 1 (top-1); "
         "a bright single cell per row = a fixed pathway."

@@ -5,7 +5,7 @@ from components import caches, expert_axis, exports, pickers, prompt
 from components.counterfactual import next_token_metrics
 
 import moeviz
-from moeviz.analysis import expert_balance_frame
+from moeviz.analysis import expert_balance_frame, layer_trace
 from moeviz.attribution import router_attribution
 from moeviz.charts.attribution import attribution_strip_chart, importance_chart, position_delta_chart
 from moeviz.charts.tables import token_options
@@ -43,13 +43,8 @@ if opened == (0, pos):  # open on the clicked cell's expert if dispatched here, 
         st.session_state["expert"] = start_expert
         st.session_state["why_opened_note"] = (pos, site, layer, start_expert, note)
 note = st.session_state.get("why_opened_note")
-label = f"Expert (dispatched here: {chosen})"
-if expert_axis.at_scale(routing.num_experts):  # a searchable picker: type an id
-    layer_load = expert_balance_frame(trace)
-    layer_load = layer_load[(layer_load["layer"] == layer) & (layer_load["site"] == site)]
-    expert = expert_axis.pick_expert(layer_load, label=label)
-else:
-    expert = pickers.pick_expert(routing.num_experts, label=label)
+layer_load = expert_balance_frame(layer_trace(trace, layer, site))
+expert = expert_axis.pick_expert(layer_load, label=f"Expert (dispatched here: {chosen})")
 if note is not None and note[:4] == (pos, site, layer, expert):  # until the token, layer or expert changes
     st.caption(note[4])
 ids = [int(i) for i in tokens["token_id"]]

@@ -67,9 +67,21 @@ from moeviz.analysis.structure import (
 )
 
 # isort: split
-# views at scale: expert axis orders and filters, one token's frames without the N × E tables
+# views at scale: expert axis orders and filters; one token's, one layer's and one expert's frames without
+# the N × E × L tables
 from moeviz.analysis.expert_order import expert_options, expert_order, top_experts
-from moeviz.analysis.scale_frames import mean_score_frame, token_confidence_frame, token_scores_frame
+from moeviz.analysis.scale_frames import (
+    coactivation_pair_counts,
+    expert_scores_frame,
+    filter_experts,
+    layer_coactivation_frame,
+    layer_scores_frame,
+    layer_trace,
+    mean_score_frame,
+    next_layer_transition_frame,
+    token_confidence_frame,
+    token_scores_frame,
+)
 
 # balance, losses, confidence, collapse
 __all__ = [
@@ -131,9 +143,16 @@ __all__ += [
 ]
 # views at scale
 __all__ += [
+    "coactivation_pair_counts",
     "expert_options",
     "expert_order",
+    "expert_scores_frame",
+    "filter_experts",
+    "layer_coactivation_frame",
+    "layer_scores_frame",
+    "layer_trace",
     "mean_score_frame",
+    "next_layer_transition_frame",
     "token_confidence_frame",
     "token_scores_frame",
     "top_experts",

@@ -32,13 +32,15 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-import torch
 
 from moeviz.models.config_keys import EXPERT_COUNT_KEYS, LAYER_COUNT_KEYS, ROUTER_NAMES, TOP_K_KEYS
+
+if TYPE_CHECKING:  # torch is imported where weights are read: importing moeviz.analysis stays torch-free
+    import torch
 
 THRESHOLD = 0.25
 MAX_EXPERT_TENSORS = 16  # expert weight tensors compared per layer (evenly spaced over the sorted names)
@@ -76,6 +78,8 @@ class _Weights:
         self.keys, self._get, self.shape, self.config = keys, get, shape, config
 
     def head(self, key: str, elements: int = MAX_ELEMENTS) -> torch.Tensor:
+        import torch
+
         return self._get(key, elements).reshape(-1)[:elements].to(torch.float64)
 
 
@@ -120,6 +124,8 @@ def _weights(source: Any) -> _Weights:
         from moeviz.models.loading import resolve_source
 
         return _from_folder(Path(resolve_source(source)))
+    import torch
+
     model = source if isinstance(source, torch.nn.Module) else getattr(source, "model", source)  # LoadedModel
     if isinstance(model, torch.nn.Module):
         config = getattr(model, "config", None)
@@ -195,6 +201,8 @@ def lineage(a: Any, b: Any, *, threshold: float = THRESHOLD) -> Lineage:
         shared = [k for k in _expert_keys(wa, prefix) if k in set(wb.keys) and wa.shape(k) == wb.shape(k)]
         expert = math.nan
         if shared:
+            import torch
+
             expert = _cosine(torch.cat([wa.head(k) for k in shared]), torch.cat([wb.head(k) for k in shared]))
         rows.append({"layer": layer, "router_cosine": router, "expert_cosine": expert})
     layers = pd.DataFrame(rows, columns=["layer", "router_cosine", "expert_cosine"])

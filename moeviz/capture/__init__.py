@@ -1,5 +1,5 @@
 """Hooks installed for one call, and the Trace they produce."""
 
-from moeviz.capture.routing import RoutingWarning, capture, routing_warning
+from moeviz.capture.forward import RoutingWarning, capture, routing_warning
 
 __all__ = ["RoutingWarning", "capture", "routing_warning"]

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from moeviz.attention.maps import AttentionCapture, AttentionLayer, LinearAttentionLayer
+from moeviz.attention import AttentionCapture, AttentionLayer, LinearAttentionLayer
 from moeviz.capture.attention import AttentionRecorder
 from moeviz.errors import CaptureError
 from moeviz.models.attention import kv_geometry, no_map_reason

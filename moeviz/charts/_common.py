@@ -1,5 +1,5 @@
 """Pieces several chart modules share: layer row labels, the log₂ fold-change colour of the heatmaps and the
-two theme colours (INK, PAPER)."""
+two theme colours (INK, PAPER), the fit-to-width autosize (FIT_WIDTH)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import pandas as pd
 INK = "#111111"
 # Thin separators between heatmap cells: the page background (the app swaps it on the dark theme too).
 PAPER = "white"
+# Charts take the width of their container (Streamlit's column, a notebook cell), padding included.
+FIT_WIDTH = alt.AutoSizeParams(type="fit-x", contains="padding")
 
 
 def layer_labels(frame: pd.DataFrame) -> list[str]:

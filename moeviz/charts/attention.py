@@ -10,7 +10,8 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from moeviz.charts.routing import _FIT_WIDTH, token_label
+from moeviz.charts._common import FIT_WIDTH
+from moeviz.charts.routing import token_label
 
 HEAD_SELECTION = "head"  # name of the head grid's click selection (fields layer, head)
 NO_MAP = "no map"
@@ -145,7 +146,7 @@ def head_metric_heatmap(
     return alt.layer(cells, text, data=data).properties(
         title=alt.Title(title or label, subtitle="S sink · L local · G global · grey: no map"),
         height=min(max(24 * num_layers, 96), 640),
-        autosize=_FIT_WIDTH,
+        autosize=FIT_WIDTH,
     )
 
 
@@ -218,7 +219,7 @@ def attention_map_chart(block_frame: pd.DataFrame, *, title: str | None = None) 
         .properties(
             title=alt.Title(title or "Attention map", subtitle=f"{num_rows} queries × {num_cols} keys"),
             height=min(max(14 * num_rows, 160), 640),
-            autosize=_FIT_WIDTH,
+            autosize=FIT_WIDTH,
         )
     )
 
@@ -275,7 +276,7 @@ def attention_row_chart(row_frame: pd.DataFrame, *, title: str | None = None) ->
                 title or "Attention row", subtitle=f"{len(row_frame)} keys shown, holding {shown:.1%} of it"
             ),
             height=200,
-            autosize=_FIT_WIDTH,
+            autosize=FIT_WIDTH,
         )
     )
 
@@ -283,9 +284,9 @@ def attention_row_chart(row_frame: pd.DataFrame, *, title: str | None = None) ->
 def kv_whatif_heatmap(whatif: pd.DataFrame, *, title: str | None = None) -> alt.LayerChart:
     """Layer × head heatmap of the attention mass a head would lose under a windowed KV cache.
 
-    Input: `AttentionCapture.kv_cache_whatif(window, global_tokens)` (layer, head, mean_lost, p95_lost,
-    max_lost, ...). Colour = mean mass lost per token (0 = the window + global tokens keep everything); the
-    cell text is that share in percent; tooltip adds p95 and max.
+    Input: `moeviz.whatif.kv_cache_whatif(attention, window, global_tokens)` (layer, head, mean_lost,
+    p95_lost, max_lost, ...). Colour = mean mass lost per token (0 = the window + global tokens keep
+    everything); the cell text is that share in percent; tooltip adds p95 and max.
     """
     data = whatif[["layer", "head", "mean_lost", "p95_lost", "max_lost"]].astype(
         {"layer": int, "head": int, "mean_lost": float, "p95_lost": float, "max_lost": float}
@@ -312,5 +313,5 @@ def kv_whatif_heatmap(whatif: pd.DataFrame, *, title: str | None = None) -> alt.
     return alt.layer(cells, text, data=data).properties(
         title=alt.Title(title or "Attention mass lost", subtitle="mean over tokens; hover for p95 and max"),
         height=min(max(24 * num_layers, 96), 640),
-        autosize=_FIT_WIDTH,
+        autosize=FIT_WIDTH,
     )

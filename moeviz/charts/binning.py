@@ -10,7 +10,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from moeviz.charts.routing import _FIT_WIDTH
+from moeviz.charts._common import FIT_WIDTH
 
 MAX_BINS = 200
 
@@ -90,6 +90,6 @@ def binned_dispatch_heatmap(
         .properties(
             title=alt.Title(title or "Dispatch over the whole input", subtitle=f"{len(data)} cells"),
             height=min(max(18 * num_experts, 120), 640),
-            autosize=_FIT_WIDTH,
+            autosize=FIT_WIDTH,
         )
     )

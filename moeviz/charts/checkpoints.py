@@ -10,8 +10,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from moeviz.charts._common import layer_labels, log2_fold, log2_fold_colour
-from moeviz.charts.routing import _FIT_WIDTH
+from moeviz.charts._common import FIT_WIDTH, layer_labels, log2_fold, log2_fold_colour
 from moeviz.charts.scale import MAX_CATEGORICAL
 
 TIMELINE_INDICATORS = {
@@ -85,7 +84,7 @@ def saturation_timeline_chart(saturation: pd.DataFrame, kind: str = "topk") -> a
         .properties(
             title=alt.Title(f"Router saturation ({kind})", subtitle="1 = routes as the final checkpoint"),
             height=220,
-            autosize=_FIT_WIDTH,
+            autosize=FIT_WIDTH,
         )
         .interactive(bind_y=False)
     )
@@ -131,7 +130,7 @@ def balance_timeline_chart(
         .properties(
             title=alt.Title(indicator, subtitle=TIMELINE_INDICATORS[indicator]),
             height=220,
-            autosize=_FIT_WIDTH,
+            autosize=FIT_WIDTH,
         )
     )
 
@@ -161,7 +160,7 @@ def drift_timeline_chart(drift: pd.DataFrame) -> alt.Chart:
             "Expert drift", subtitle="1 − Jaccard of each expert's tokens vs the previous checkpoint"
         ),
         height=220,
-        autosize=_FIT_WIDTH,
+        autosize=FIT_WIDTH,
     )
 
 

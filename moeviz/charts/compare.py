@@ -6,7 +6,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from moeviz.charts.routing import _FIT_WIDTH
+from moeviz.charts._common import FIT_WIDTH
 
 AGREEMENT_SERIES = {
     "saturation_topk": "top-k overlap |Sᵃ∩Sᵇ|/|Sᵇ|",
@@ -35,7 +35,7 @@ def agreement_chart(agreement: pd.DataFrame, *, title: str | None = None) -> alt
             color=alt.Color("metric:N", sort=order, title=None),
             tooltip=[alt.Tooltip("layer:O"), alt.Tooltip("metric:N"), alt.Tooltip("value:Q", format=".3f")],
         )
-        .properties(title=title or "Routing agreement (A vs B)", height=220, autosize=_FIT_WIDTH)
+        .properties(title=title or "Routing agreement (A vs B)", height=220, autosize=FIT_WIDTH)
     )
 
 
@@ -89,6 +89,6 @@ def load_shift_heatmap(drift: pd.DataFrame, *, title: str | None = None) -> alt.
             ],
         )
         .properties(
-            title=title or "Load shift A → B", height=min(max(26 * layers, 100), 700), autosize=_FIT_WIDTH
+            title=title or "Load shift A → B", height=min(max(26 * layers, 100), 700), autosize=FIT_WIDTH
         )
     )

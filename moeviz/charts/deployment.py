@@ -8,8 +8,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from moeviz.charts._common import INK, PAPER, log2_fold, log2_fold_colour
-from moeviz.charts.routing import _FIT_WIDTH
+from moeviz.charts._common import FIT_WIDTH, INK, PAPER, log2_fold, log2_fold_colour
 from moeviz.charts.scale import MAX_CATEGORICAL, layer_expert_heatmap
 
 # Dispatch messages by where they go (DeepEP's split): own GPU, same node over NVLink, other node over RDMA.
@@ -63,7 +62,7 @@ def gpu_load_heatmap(gpu_load: pd.DataFrame, *, title: str = "Load per layer and
         .properties(
             title=alt.Title(title, subtitle="white = the layer's mean GPU load, red = over, blue = under"),
             height=min(max(26 * layers, 190), 700),  # room for the colour legend's full length
-            autosize=_FIT_WIDTH,
+            autosize=FIT_WIDTH,
         )
     )
 
@@ -104,7 +103,7 @@ def balancedness_chart(layers: pd.DataFrame, *, title: str = "ep_balancedness pe
         .properties(
             title=alt.Title(title, subtitle="1 = every GPU serves the same load (SGLang/vLLM definition)"),
             height=200,
-            autosize=_FIT_WIDTH,
+            autosize=FIT_WIDTH,
         )
     )
 
@@ -177,7 +176,7 @@ def dispatch_bytes_chart(layers: pd.DataFrame, *, title: str = "Dispatch bytes p
             subtitle="stacked: inter-node / intra-node / local; dashed tick = remote bytes without dedup",
         ),
         height=220,
-        autosize=_FIT_WIDTH,
+        autosize=FIT_WIDTH,
     )
 
 
@@ -220,7 +219,7 @@ def comm_share_chart(layers: pd.DataFrame, *, title: str = "All-to-All time vs e
         .properties(
             title=alt.Title(title, subtitle="communication's share of the MoE layer time in the tooltip"),
             height=min(max(24 * layers_n, 100), 700),
-            autosize=_FIT_WIDTH,
+            autosize=FIT_WIDTH,
         )
     )
 
@@ -270,7 +269,7 @@ def hit_rate_curve_chart(curve: pd.DataFrame, *, title: str = "Hit rate vs cache
         .properties(
             title=alt.Title(title, subtitle="dashed grey = Belady (the optimum, the ceiling)"),
             height=240,
-            autosize=_FIT_WIDTH,
+            autosize=FIT_WIDTH,
         )
     )
 
@@ -306,7 +305,7 @@ def cumulative_bytes_chart(steps: pd.DataFrame, *, title: str = "Bytes moved ove
                 alt.Tooltip("cumulative_bytes:Q", format=",.0f", title="bytes so far"),
             ],
         )
-        .properties(title=title, height=220, autosize=_FIT_WIDTH)
+        .properties(title=title, height=220, autosize=FIT_WIDTH)
     )
 
 
@@ -331,7 +330,7 @@ def prefetch_recall_chart(recall: pd.DataFrame, *, title: str = "Speculative pre
                 alt.Tooltip("tokens:Q"),
             ],
         )
-        .properties(title=title, height=200, autosize=_FIT_WIDTH)
+        .properties(title=title, height=200, autosize=FIT_WIDTH)
     )
 
 
@@ -373,7 +372,7 @@ def capacity_drop_chart(
                 alt.Tooltip("dropped_fraction:Q", format=".2%", title="dropped"),
             ],
         )
-        .properties(title=title, height=220, autosize=_FIT_WIDTH)
+        .properties(title=title, height=220, autosize=FIT_WIDTH)
     )
 
 
@@ -407,7 +406,7 @@ def position_drop_chart(position: pd.DataFrame, *, title: str = "Drop rate by po
                 alt.Tooltip("drop_rate:Q", format=".2%", title="drop rate"),
             ],
         )
-        .properties(title=title, height=220, autosize=_FIT_WIDTH)
+        .properties(title=title, height=220, autosize=FIT_WIDTH)
     )
 
 
@@ -458,7 +457,7 @@ def overflow_heatmap(experts: pd.DataFrame, cf: float, *, title: str | None = No
         .properties(
             title=alt.Title(heading, subtitle="share of assignments dropped"),
             height=min(max(26 * layers, 100), 700),
-            autosize=_FIT_WIDTH,
+            autosize=FIT_WIDTH,
         )
     )
 
@@ -495,7 +494,7 @@ def flip_rate_chart(layers: pd.DataFrame, *, title: str = "Expert-set flip rate 
                 alt.Tooltip("tokens:Q"),
             ],
         )
-        .properties(title=title, height=220, autosize=_FIT_WIDTH)
+        .properties(title=title, height=220, autosize=FIT_WIDTH)
     )
 
 
@@ -525,7 +524,7 @@ def margin_flips_chart(margins: pd.DataFrame, *, title: str = "Flips by router m
                 alt.Tooltip("tokens:Q"),
             ],
         )
-        .properties(title=title, height=220, autosize=_FIT_WIDTH)
+        .properties(title=title, height=220, autosize=FIT_WIDTH)
     )
 
 
@@ -571,5 +570,5 @@ def params_chart(
         )
     )
     return alt.layer(line, dots, data=data).properties(
-        title=title, height=min(max(30 * len(names), 120), 700), autosize=_FIT_WIDTH
+        title=title, height=min(max(30 * len(names), 120), 700), autosize=FIT_WIDTH
     )

@@ -11,8 +11,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from moeviz.charts._common import INK, PAPER
-from moeviz.charts.routing import _FIT_WIDTH
+from moeviz.charts._common import FIT_WIDTH, INK, PAPER
 from moeviz.charts.scale import MAX_CATEGORICAL, add_expert_colour_fields, expert_colour
 
 COLLAPSE_COLOUR = "#d62728"  # the collapse rule: readable on the light and the dark page
@@ -97,7 +96,7 @@ def lab_loss_chart(
     return alt.layer(train, heldout, *_collapse_marks(collapse_step), data=history).properties(
         title=alt.Title(title, subtitle="line: train · dots: held-out evaluations"),
         height=200,
-        autosize=_FIT_WIDTH,
+        autosize=FIT_WIDTH,
     )
 
 
@@ -158,7 +157,7 @@ def lab_load_chart(
     return alt.layer(area, *_collapse_marks(collapse_step), data=data).properties(
         title=alt.Title(f"Expert load, layer {layer}", subtitle=f"a band per expert · {fair}{legend}"),
         height=200,
-        autosize=_FIT_WIDTH,
+        autosize=FIT_WIDTH,
     )
 
 
@@ -212,5 +211,5 @@ def lab_metric_chart(
             .encode(y=alt.datum(float(reference)), tooltip=alt.value(f"even load: {reference:.3f}"))
         )
     return alt.layer(*layers, *_collapse_marks(collapse_step, short=True), data=history).properties(
-        title=alt.Title(title, subtitle=subtitle), height=130, autosize=_FIT_WIDTH
+        title=alt.Title(title, subtitle=subtitle), height=130, autosize=FIT_WIDTH
     )

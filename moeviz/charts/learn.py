@@ -9,8 +9,8 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from moeviz.charts._common import INK
-from moeviz.charts.routing import _FIT_WIDTH, token_label
+from moeviz.charts._common import FIT_WIDTH, INK
+from moeviz.charts.routing import token_label
 
 CHOSEN = "#f58518"  # the experts a token is sent to
 OTHER = "#4c78a8"  # the rest
@@ -146,7 +146,7 @@ def token_weights_chart(weights: pd.DataFrame, *, title: str) -> alt.LayerChart:
             title, subtitle="one segment per expert the token is sent to, its id printed on it; orange = 1st"
         ),
         height=170,
-        autosize=_FIT_WIDTH,
+        autosize=FIT_WIDTH,
     )
 
 
@@ -195,7 +195,7 @@ def aux_terms_chart(terms: pd.DataFrame, *, k: int, title: str) -> alt.LayerChar
             subtitle=f"dashed line: k/E = {k}/{num_experts}, each term under even load; orange = above it",
         ),
         height=190,
-        autosize=_FIT_WIDTH,
+        autosize=FIT_WIDTH,
     )
 
 
@@ -250,7 +250,7 @@ def aux_terms_compare_chart(terms: pd.DataFrame, *, k: int, k_captured: int, tit
             title, subtitle=f"dashed: k/E, each term under even load (captured k = {k_captured})"
         ),
         height=220,
-        autosize=_FIT_WIDTH,
+        autosize=FIT_WIDTH,
     )
 
 
@@ -335,7 +335,7 @@ def choice_load_chart(load: pd.DataFrame, *, title: str) -> alt.LayerChart:
         .encode(y="max(fair):Q", tooltip=[alt.Tooltip("max(fair):Q", format=".1f", title="fair share kT/E")])
     )
     return alt.layer(bars, rule, data=data).properties(
-        title=alt.Title(title, subtitle="dashed line: the fair share kT/E"), height=190, autosize=_FIT_WIDTH
+        title=alt.Title(title, subtitle="dashed line: the fair share kT/E"), height=190, autosize=FIT_WIDTH
     )
 
 
@@ -384,7 +384,7 @@ def shared_experts_chart(shares: pd.DataFrame, *, k: int, title: str) -> alt.Lay
             subtitle=f"orange: shared; dashed line: k/E = {k}/{routed}, a routed expert's share when even",
         ),
         height=190,
-        autosize=_FIT_WIDTH,
+        autosize=FIT_WIDTH,
     )
 
 
@@ -418,4 +418,4 @@ def experts_sweep_chart(
     )
     return alt.layer(
         base.mark_line(strokeWidth=2), base.mark_point(filled=True, size=70), data=data
-    ).properties(title=title, height=260, autosize=_FIT_WIDTH)
+    ).properties(title=title, height=260, autosize=FIT_WIDTH)

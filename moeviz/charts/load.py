@@ -7,8 +7,7 @@ import numpy as np
 import pandas as pd
 
 from moeviz.analysis.losses import AUX_LOSS_FORMS
-from moeviz.charts._common import layer_labels, log2_fold, log2_fold_colour
-from moeviz.charts.routing import _FIT_WIDTH
+from moeviz.charts._common import FIT_WIDTH, layer_labels, log2_fold, log2_fold_colour
 
 # What each balance indicator reads when the load is perfectly uniform (E = experts of the layer).
 UNIFORM_VALUE = {
@@ -58,7 +57,7 @@ def load_heatmap(expert_balance: pd.DataFrame, *, title: str | None = None) -> a
                 title or "Load per layer and expert", subtitle="white = fair share, red = over, blue = under"
             ),
             height=min(max(26 * layers, 100), 700),
-            autosize=_FIT_WIDTH,
+            autosize=FIT_WIDTH,
         )
     )
 
@@ -93,7 +92,7 @@ def balance_chart(balance: pd.DataFrame, metric: str, *, title: str | None = Non
         .mark_tick(color="#e4572e", thickness=2, strokeDash=[4, 2], size=40)
         .encode(x=x, y="uniform:Q", tooltip=[alt.Tooltip("uniform:Q", format=".3f", title="uniform load")])
     )
-    return alt.layer(bars, uniform).properties(title=title or metric, height=180, autosize=_FIT_WIDTH)
+    return alt.layer(bars, uniform).properties(title=title or metric, height=180, autosize=FIT_WIDTH)
 
 
 def aux_loss_chart(losses: pd.DataFrame, *, title: str | None = None) -> alt.LayerChart:
@@ -154,5 +153,5 @@ def aux_loss_chart(losses: pd.DataFrame, *, title: str | None = None) -> alt.Lay
             subtitle="each loss ÷ its value under perfectly even load; dashed line = even load",
         ),
         height=min(max(22 * layers, 100), 900),
-        autosize=_FIT_WIDTH,
+        autosize=FIT_WIDTH,
     )

@@ -8,13 +8,12 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from moeviz.charts._common import INK
+from moeviz.charts._common import FIT_WIDTH, INK
 from moeviz.charts.scale import MAX_CATEGORICAL, add_expert_colour_fields, expert_colour
 
 DOT = "●"
 TOKEN_SELECTION = "token"  # name of the heatmap's click selection
 # Fill the width a host gives the chart, but keep the height for the plot (axis labels add to it).
-_FIT_WIDTH = alt.AutoSizeParams(type="fit-x", contains="padding")
 _VISIBLE_WHITESPACE = str.maketrans({" ": "␣", "\n": "↵", "\t": "→", "\r": "␍"})
 # Layered charts take their data once, in alt.layer(..., data=...): the same Vega-Lite spec, without altair
 # hashing every layer's frame to find out that they share it (a third of a heatmap's build time).
@@ -141,7 +140,7 @@ def router_score_heatmap(
     return alt.layer(cells_layer, dots, data=data).properties(
         title=alt.Title(title or "Router scores", subtitle=_window_subtitle(lo, hi, num_tokens)),
         height=min(max(22 * num_experts, 120), 640),
-        autosize=_FIT_WIDTH,
+        autosize=FIT_WIDTH,
     )
 
 
@@ -228,7 +227,7 @@ def expert_load_chart(
             )
         )
     return alt.layer(*layers, data=data).properties(
-        title=title or "Expert load", height=220, autosize=_FIT_WIDTH
+        title=title or "Expert load", height=220, autosize=FIT_WIDTH
     )
 
 
@@ -309,7 +308,7 @@ def token_strip_chart(
     return alt.layer(*marks, data=data).properties(
         title=alt.Title(title or "Tokens by top-1 expert", subtitle=_window_subtitle(lo, hi, len(tokens))),
         height=min(28 * lines, 900),
-        autosize=_FIT_WIDTH,
+        autosize=FIT_WIDTH,
     )
 
 
@@ -366,7 +365,7 @@ def expert_timeline_chart(
             title or f"Expert {expert}: router score at every layer", subtitle=f"{hi - lo} tokens"
         ),
         height=min(max(24 * num_layers, 80), 600),
-        autosize=_FIT_WIDTH,
+        autosize=FIT_WIDTH,
     )
 
 
@@ -395,7 +394,7 @@ def token_layer_scores_chart(token_scores: pd.DataFrame, *, title: str | None = 
     dots = _dispatch_dots(base, 12)
     layers = int(data["layer"].nunique()) if len(data) else 1
     return alt.layer(cells, dots, data=data).properties(
-        title=title or "Scores at every layer", height=min(max(26 * layers, 80), 600), autosize=_FIT_WIDTH
+        title=title or "Scores at every layer", height=min(max(26 * layers, 80), 600), autosize=FIT_WIDTH
     )
 
 
@@ -430,7 +429,7 @@ def token_path_chart(token_routing: pd.DataFrame, *, title: str | None = None) -
         ],
     )
     return alt.layer(line, dots, data=data).properties(
-        title=title or "Expert path", height=220, autosize=_FIT_WIDTH
+        title=title or "Expert path", height=220, autosize=FIT_WIDTH
     )
 
 
@@ -474,5 +473,5 @@ def token_margin_chart(token_confidence: pd.DataFrame, *, title: str | None = No
                 alt.Tooltip("top1_score:Q", format=".3f", title="top-1 p"),
             ],
         )
-        .properties(title=title or "Top-k margin", height=220, autosize=_FIT_WIDTH)
+        .properties(title=title or "Top-k margin", height=220, autosize=FIT_WIDTH)
     )

@@ -26,7 +26,7 @@ MAX_CATEGORICAL = 20  # the most experts (or groups) a categorical legend may li
 EXPERT_BRUSH = "experts"  # name of the overview's interval selection over expert positions
 HIGHLIGHT = INK  # the chosen expert's outline and label
 DOT_COLOUR = "#e4572e"  # dispatched (layer, expert) cells, as in the routing heatmaps
-_FIT_WIDTH = alt.AutoSizeParams(type="fit-x", contains="padding")
+FIT_WIDTH = alt.AutoSizeParams(type="fit-x", contains="padding")
 
 
 # ---- colour ----------------------------------------------------------------------------------------------
@@ -223,7 +223,7 @@ def layer_expert_heatmap(
             marked = base.transform_filter("datum.dispatched")
             parts.append(marked.mark_text(text="●", color=DOT_COLOUR, fontSize=11).encode(tooltip=tooltip))
         return alt.layer(*parts, data=data).properties(
-            title=heading, height=min(max(26 * num_rows, 100), 700), autosize=_FIT_WIDTH
+            title=heading, height=min(max(26 * num_rows, 100), 700), autosize=FIT_WIDTH
         )
     brush = alt.selection_interval(name=EXPERT_BRUSH, encodings=["x"])
     x_labels = None if order is None and ids == list(range(len(ids))) else ids
@@ -434,7 +434,7 @@ def token_rank_path_chart(
     return layered.properties(
         title=alt.Title(title or "Expert path by rank", subtitle=f"{rank_title}; {k} experts per layer"),
         height=min(max(14 * top, 160), 520),
-        autosize=_FIT_WIDTH,
+        autosize=FIT_WIDTH,
     )
 
 
@@ -542,5 +542,5 @@ def expert_load_curve_chart(
     if bands is not None:
         subtitle += "; grey = bootstrap band"
     return alt.layer(*parts, data=data).properties(
-        title=alt.Title(title or "Expert load, sorted", subtitle=subtitle), height=220, autosize=_FIT_WIDTH
+        title=alt.Title(title or "Expert load, sorted", subtitle=subtitle), height=220, autosize=FIT_WIDTH
     )

@@ -6,7 +6,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from moeviz.charts.routing import _FIT_WIDTH
+from moeviz.charts._common import FIT_WIDTH
 
 CELL = 22  # px a category (expert, path): Streamlit's 12 px labels need that much not to touch
 PANEL_ROW = 760  # px of transition panels side by side; more and they wrap to the next row
@@ -52,7 +52,7 @@ def coactivation_heatmap(coactivation: pd.DataFrame, *, title: str | None = None
         .properties(
             title=alt.Title(title or "Co-activation", subtitle=subtitle),
             height=max(CELL * experts, 140),
-            autosize=_FIT_WIDTH,
+            autosize=FIT_WIDTH,
         )
     )
 
@@ -150,7 +150,7 @@ def repetition_chart(repetition: pd.DataFrame, kind: str = "top1", *, title: str
                 else "Consecutive tokens sharing an expert"
             ),
             height=220,
-            autosize=_FIT_WIDTH,
+            autosize=FIT_WIDTH,
         )
     )
 
@@ -181,6 +181,6 @@ def path_chart(paths: pd.DataFrame, *, title: str | None = None) -> alt.Chart:
         .properties(
             title=title or "Most frequent expert paths",
             height=max(CELL * len(data), 80),  # at 18 px a bar (capped) Vega hid every other label
-            autosize=_FIT_WIDTH,
+            autosize=FIT_WIDTH,
         )
     )

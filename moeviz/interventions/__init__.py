@@ -13,7 +13,7 @@ from moeviz.interventions.counterfactual import (
     intervening,
     next_token_logprobs,
 )
-from moeviz.interventions.routing import (
+from moeviz.interventions.specs import (
     DisableExpert,
     ForceExpert,
     ForceRouting,

@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from moeviz.capture.routing import capture, token_batch
+from moeviz.capture.forward import capture, token_batch
 from moeviz.errors import InputError
 from moeviz.interventions.hooks import Probe, probing
-from moeviz.interventions.routing import Intervention, _DisablePerSequence, apply, resolve
+from moeviz.interventions.specs import Intervention, _DisablePerSequence, apply, resolve
 from moeviz.models.loading import LoadedModel
 from moeviz.trace import Trace
 

@@ -1,12 +1,15 @@
-"""Open an MoE model from a local Hugging Face folder or a bundled sample, offline and safely."""
+"""Open an MoE model from a local Hugging Face folder or a bundled sample, offline and safely.
+
+`load_model` runs three steps: check (the refusals in `moeviz.models.checks`, before anything is built),
+plan (a meta-device skeleton: is it MoE, at which dtype, on which device, quantised or not, does it fit —
+`placement`, `quantization`, `memory`) and materialise (`from_pretrained` with the planned placement, its
+progress reported by `moeviz.models.progress`).
+"""
 
 from __future__ import annotations
 
 import functools
 import json
-import os
-import re
-import stat
 import struct
 import threading
 from collections.abc import Callable
@@ -21,37 +24,33 @@ from torch import nn
 from moeviz.errors import (
     CorruptTokenizerError,
     CorruptWeightsError,
-    InvalidConfigError,
     LoadOptionError,
     ModelNotFoundError,
     ModelSourceError,
     NotAModelFolderError,
     NotMoEModelError,
     UnknownSampleError,
-    UnsafeWeightsError,
 )
-from moeviz.models.config_keys import (
-    EXPERT_COUNT_KEYS,
-    LAYER_COUNT_KEYS,
-    STRICT_TOP_K_KEYS,
-    config_int,
-    layer_index,
+from moeviz.models.checks import (
+    check_config_against_weights,
+    check_regular_files,
+    check_weight_files,
+    exception_line,
+    read_config,
 )
+from moeviz.models.config_keys import LAYER_COUNT_KEYS, config_int
+from moeviz.models.memory import ActivationShape, MemoryEstimate, estimate_memory, refuse_if_too_large
 from moeviz.models.placement import (
-    RUNS_QUANTISED,
-    ActivationShape,
-    MemoryEstimate,
-    check_quantization,
-    estimate_memory,
+    align_inputs,
     input_device,
     pick_device,
+    placement_keywords,
     placement_summary,
-    read_safetensors_header,
-    refuse_if_too_large,
-    reporting_progress,
     resolve_dtype,
-    stored_bytes,
 )
+from moeviz.models.progress import reporting_progress
+from moeviz.models.quantization import RUNS_QUANTISED, check_quantization
+from moeviz.models.safetensors_headers import stored_bytes
 from moeviz.models.sites import MoESite, find_moe_sites
 from moeviz.resources import bundled_path
 from moeviz.settings import current_settings
@@ -62,7 +61,6 @@ SAMPLE_PREFIX = "sample:"
 # two loads at different dtypes on two threads (app sessions) would leave the wrong default behind.
 MODEL_BUILD_LOCK = threading.Lock()
 DEFAULT_SAMPLE = "sample:mixtral-healthy"  # the app's and the docs' default model
-_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 _TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -114,7 +112,7 @@ class LoadedModel:
 
     @functools.cached_property
     def activation_shape(self) -> ActivationShape:
-        """The sizes the activation memory of a forward depends on (`placement.ActivationShape`)."""
+        """The sizes the activation memory of a forward depends on (`memory.ActivationShape`)."""
         return ActivationShape.of(self.model.config)
 
     def token_texts(self, ids: list[int]) -> list[str]:
@@ -182,9 +180,9 @@ def read_source(source: str | Path, *, trust_remote_code: bool = False) -> Sourc
     """Folder, tokenizer, model type and context length of `source` (no weights: cheap checks before a run
     that loads the model elsewhere, e.g. on workers)."""
     folder = resolve_source(source)
-    _check_regular_files(folder)
+    check_regular_files(folder)
     tokenizer = _load_tokenizer(folder, trust_remote_code)
-    config = _load_config(folder, trust_remote_code)
+    config = read_config(folder, trust_remote_code)
     return SourceInfo(folder, tokenizer, str(config.model_type), _max_length(config))
 
 
@@ -223,25 +221,73 @@ def load_model(
     on a CPU), else `UnsupportedQuantizationError`. `progress(bytes_read, total_bytes)` is called as the
     weights are read.
     """
+    checked = _check(source, trust_remote_code, device_map, offload_folder, max_memory)
+    plan = _plan(checked, dtype, device, device_map, offload_folder, max_memory, check_memory)
+    return _materialise(checked, plan, progress)
+
+
+@dataclass
+class _CheckedSource:
+    """A source that passed every check made before anything is built (`load_model`'s first step)."""
+
+    source: str
+    folder: Path
+    config: Any  # the transformers config, checked against the weights
+    use_safetensors: bool
+    trust_remote_code: bool
+
+
+@dataclass
+class _LoadPlan:
+    """How a checked source will load (`load_model`'s second step): decided on a meta-device skeleton."""
+
+    auto_class: Any  # AutoModelForCausalLM or AutoModelForSeq2SeqLM
+    dtype: torch.dtype
+    placement: dict[str, Any]  # `from_pretrained` keywords (`placement.placement_keywords`)
+    device_map: str | int | dict[str, Any] | None
+    estimate: MemoryEstimate
+    quantization_note: str | None
+
+
+def _check(
+    source: str | Path,
+    trust_remote_code: bool,
+    device_map: str | int | dict[str, Any] | None,
+    offload_folder: str | Path | None,
+    max_memory: dict[int | str, int | str] | None,
+) -> _CheckedSource:
+    """The refusals before anything is built: the options, the folder, its config and its weight files."""
     if device_map is None and (offload_folder is not None or max_memory is not None):
         raise LoadOptionError("offload_folder and max_memory need a device_map (e.g. device_map='auto')")
     folder = resolve_source(source)
-    _check_regular_files(folder)  # before anything is opened: a FIFO would block the open forever
-    config = _load_config(folder, trust_remote_code)
-    use_safetensors, headers = _check_weight_files(folder)  # headers only: cheap, and bounds the config
-    _check_config_against_weights(folder, config, headers)
+    check_regular_files(folder)  # before anything is opened: a FIFO would block the open forever
+    config = read_config(folder, trust_remote_code)
+    use_safetensors, headers = check_weight_files(folder)  # headers only: cheap, and bounds the config
+    check_config_against_weights(folder, config, headers)
+    return _CheckedSource(str(source), folder, config, use_safetensors, trust_remote_code)
+
+
+def _plan(
+    checked: _CheckedSource,
+    dtype: str | torch.dtype,
+    device: str | torch.device,
+    device_map: str | int | dict[str, Any] | None,
+    offload_folder: str | Path | None,
+    max_memory: dict[int | str, int | str] | None,
+    check_memory: bool,
+) -> _LoadPlan:
+    """Build the model on the meta device (no weights allocated) to find its MoE layers and size it; choose
+    its dtype and device, ask whether its quantisation runs here, and refuse it when it does not fit."""
+    folder, config = checked.folder, checked.config
     auto_class = _auto_class(config)
     target = pick_device(device)  # with a device_map, only the dtype rule and messages use it
     load_dtype = resolve_dtype(dtype, config, folder, target)
     try:
-        with (
-            MODEL_BUILD_LOCK,
-            torch.device("meta"),
-        ):  # find the MoE layers and size the model, no weights allocated
-            skeleton = auto_class.from_config(config, trust_remote_code=trust_remote_code)
+        with MODEL_BUILD_LOCK, torch.device("meta"):
+            skeleton = auto_class.from_config(config, trust_remote_code=checked.trust_remote_code)
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError) as exc:
         raise NotAModelFolderError(
-            f"transformers cannot build a model from {folder}/config.json: {_one_line(exc)}"
+            f"transformers cannot build a model from {folder}/config.json: {exception_line(exc)}"
         ) from exc
     if not find_moe_sites(skeleton):
         raise NotMoEModelError(
@@ -254,31 +300,34 @@ def load_model(
     estimate = estimate_memory(skeleton, config, load_dtype, target, stored_bytes=stored)
     del skeleton
     if check_memory and device_map is None:
-        refuse_if_too_large(estimate, str(source))
-    if device_map is not None:
-        placement = _placement(device_map, offload_folder, max_memory)
-    elif target.type != "cpu":
-        placement = {"device_map": {"": str(target)}}
-    else:
-        placement = {}
+        refuse_if_too_large(estimate, checked.source)
+    placement = placement_keywords(target, device_map, offload_folder, max_memory)
+    return _LoadPlan(auto_class, load_dtype, placement, device_map, estimate, quantization_note)
+
+
+def _materialise(
+    checked: _CheckedSource, plan: _LoadPlan, progress: Callable[[int, int], None] | None
+) -> LoadedModel:
+    """Read the weights into the planned placement, refuse incomplete ones, and load the tokenizer."""
+    folder, config = checked.folder, checked.config
     try:
         with MODEL_BUILD_LOCK, reporting_progress(progress, folder):
-            model, loading_info = auto_class.from_pretrained(
+            model, loading_info = plan.auto_class.from_pretrained(
                 folder,
                 config=config,
-                dtype=load_dtype,
+                dtype=plan.dtype,
                 local_files_only=True,
-                trust_remote_code=trust_remote_code,
-                use_safetensors=use_safetensors,
+                trust_remote_code=checked.trust_remote_code,
+                use_safetensors=checked.use_safetensors,
                 output_loading_info=True,
-                **placement,
+                **plan.placement,
             )
     except (OSError, ValueError, RuntimeError, KeyError, TypeError, struct.error, SafetensorError) as exc:
-        if device_map is not None:  # the weights were checked above: more likely the map does not fit
+        if plan.device_map is not None:  # the weights were checked above: more likely the map does not fit
             raise ModelSourceError(
-                f"could not load {folder} with device_map={device_map!r}: {_one_line(exc)}"
+                f"could not load {folder} with device_map={plan.device_map!r}: {exception_line(exc)}"
             ) from exc
-        raise CorruptWeightsError(f"could not read the weights in {folder}: {_one_line(exc)}") from exc
+        raise CorruptWeightsError(f"could not read the weights in {folder}: {exception_line(exc)}") from exc
     missing = [k for k in loading_info.get("missing_keys", []) if k]
     if missing:
         shown = ", ".join(sorted(missing)[:5])
@@ -286,10 +335,10 @@ def load_model(
             f"weights in {folder} are incomplete: {len(missing)} tensors missing ({shown}…)"
         )
     model.eval()
-    if placement:
-        _align_inputs(model)
+    if plan.placement:
+        align_inputs(model)
     sites = find_moe_sites(model)
-    notes = [quantization_note] if quantization_note else []
+    notes = [plan.quantization_note] if plan.quantization_note else []
     declared = json.loads((folder / "config.json").read_text()).get("model_type")
     if declared != config.model_type:
         notes.append(
@@ -298,258 +347,30 @@ def load_model(
         )
     return LoadedModel(
         model=model,
-        tokenizer=_load_tokenizer(folder, trust_remote_code),
+        tokenizer=_load_tokenizer(folder, checked.trust_remote_code),
         sites=sites,
         info=ModelInfo(
-            source=str(source),
+            source=checked.source,
             model_type=str(config.model_type),
             architecture=type(model).__name__,
             num_layers=_num_layers(config),
             num_parameters=sum(p.numel() for p in model.parameters()),
-            dtype=str(load_dtype).removeprefix("torch."),
+            dtype=str(plan.dtype).removeprefix("torch."),
             device=placement_summary(model),
-            parameter_bytes=estimate.parameter_bytes,
+            parameter_bytes=plan.estimate.parameter_bytes,
             notes=notes,
         ),
         folder=folder,
         max_length=_max_length(config),
         device=input_device(model),
-        memory=estimate,
+        memory=plan.estimate,
     )
-
-
-def _placement(
-    device_map: str | int | dict[str, Any],
-    offload_folder: str | Path | None,
-    max_memory: dict[int | str, int | str] | None = None,
-) -> dict[str, Any]:
-    """`from_pretrained` keywords for a device map; a clear error when accelerate is missing."""
-    import importlib.util
-
-    if importlib.util.find_spec("accelerate") is None:
-        raise ModelSourceError(
-            "device_map needs the accelerate package: pip install accelerate (or moeviz[ray])"
-        )
-    placement: dict[str, Any] = {"device_map": device_map}
-    if offload_folder is not None:
-        placement["offload_folder"] = str(offload_folder)
-    if max_memory is not None:
-        placement["max_memory"] = dict(max_memory)
-    return placement
-
-
-def _align_inputs(model: nn.Module) -> None:
-    """Capture feeds CPU tensors. Accelerate moves them (and the outputs back) only when it split the model
-    over devices; a model placed whole on one accelerator gets the same top-level hook here."""
-    if getattr(model, "_hf_hook", None) is not None:
-        return
-    devices = {p.device for p in model.parameters()} - {torch.device("meta")}
-    if len(devices) != 1 or next(iter(devices)).type == "cpu":
-        return
-    from accelerate.hooks import AlignDevicesHook, add_hook_to_module
-
-    add_hook_to_module(model, AlignDevicesHook(execution_device=devices.pop(), io_same_device=True))
-
-
-def _load_config(folder: Path, trust_remote_code: bool):
-    from transformers import AutoConfig
-
-    try:
-        raw = json.loads((folder / "config.json").read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
-        raise NotAModelFolderError(f"{folder}/config.json is not valid JSON ({reason})") from exc
-    if not isinstance(raw, dict):
-        raise NotAModelFolderError(f"{folder}/config.json is not a JSON object")
-    try:
-        config = AutoConfig.from_pretrained(
-            folder, local_files_only=True, trust_remote_code=trust_remote_code
-        )
-    except ValueError as exc:
-        builtin = None if trust_remote_code else _builtin_config_for(raw)
-        if builtin is None:
-            hint = (
-                ""
-                if trust_remote_code
-                else " If the folder ships its own modelling code, pass trust_remote_code."
-            )
-            raise ModelSourceError(
-                f"transformers cannot build the model in {folder}: {_one_line(exc)}.{hint}"
-            ) from exc
-        config = builtin
-    except (TypeError, KeyError, IndexError, AttributeError, OSError) as exc:
-        raise NotAModelFolderError(f"{folder}/config.json is unusable: {_one_line(exc)}") from exc
-    _check_config(folder, config)
-    return config
-
-
-def _builtin_config_for(raw: dict):
-    """A config whose model_type transformers does not know but whose architecture it has built in (Kimi K2
-    ships `model_type: kimi_k2` with remote code for what is `DeepseekV3ForCausalLM`): read it with the
-    built-in config class instead of running the folder's code."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    for architecture in raw.get("architectures") or []:
-        candidates = [t for t, name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items() if name == architecture]
-        # Several model types may reuse one class (e.g. sarvam_mla): prefer the one it is named after.
-        stem = architecture.split("For")[0].lower()
-        candidates.sort(key=lambda t: t.replace("_", "").replace("-", "") != stem)
-        model_type = candidates[0] if candidates else None
-        if model_type in CONFIG_MAPPING:
-            fields = {k: v for k, v in raw.items() if k not in ("model_type", "auto_map")}
-            return CONFIG_MAPPING[model_type].from_dict(fields)
-    return None
 
 
 def _auto_class(config):
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     return AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
-
-
-def _check_weight_files(folder: Path) -> tuple[bool, dict[str, dict[str, Any]]]:
-    """Validate weight files before transformers reads them. Returns (safetensors?, {tensor: header entry}
-    over every safetensors file; empty for pickles)."""
-    safetensors = sorted(folder.glob("*.safetensors"))
-    if safetensors:
-        entries: dict[str, dict[str, Any]] = {}
-        for path in safetensors:
-            entries.update(read_safetensors_header(path))
-        for index in sorted(folder.glob("*.safetensors.index.json")):
-            _check_index(index)
-        return True, entries
-    pickled = sorted(p for p in folder.iterdir() if p.suffix in _PICKLE_SUFFIXES)
-    if not pickled:
-        raise CorruptWeightsError(f"{folder} has no weights (expected model.safetensors)")
-    for path in pickled:
-        try:
-            torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception as exc:  # unpickling errors come in many types
-            raise UnsafeWeightsError(
-                f"{path.name} is a pickle that does not load with weights_only=True; refusing to unpickle it "
-                f"(convert it to safetensors): {_one_line(exc)}"
-            ) from exc
-    return False, {}
-
-
-def _check_index(index: Path) -> None:
-    """A shard index may name only regular files of its own folder (no `../`, no absolute paths)."""
-    try:
-        weight_map = json.loads(index.read_text()).get("weight_map")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
-        raise CorruptWeightsError(f"{index.name} is not a valid shard index (a JSON object)") from exc
-    if not isinstance(weight_map, dict):
-        raise CorruptWeightsError(f"{index.name} is not a valid shard index: it has no weight_map")
-    for shard in set(weight_map.values()):
-        plain = isinstance(shard, str) and shard not in ("", ".", "..") and Path(shard).name == shard
-        if not plain or "\\" in shard or not (index.parent / shard).is_file():
-            shown = repr(shard)[:80]
-            raise CorruptWeightsError(
-                f"{index.name} names shard {shown}, which is not a file of the model folder"
-            )
-
-
-# Files a load may open (config, tokenizer, weights, shard indexes): each must be a regular file.
-_OPENED_SUFFIXES = (".json", ".safetensors", ".model", ".txt", ".tiktoken", ".jinja", *_PICKLE_SUFFIXES)
-
-
-def _check_regular_files(folder: Path) -> None:
-    """Refuse a folder whose config, tokenizer or weight files are not regular files (a FIFO blocks the first
-    open forever, a device never ends): checked with stat, which opens nothing."""
-    for entry in os.scandir(folder):
-        if not entry.name.endswith(_OPENED_SUFFIXES):
-            continue
-        try:
-            mode = os.stat(entry.path).st_mode  # follows links
-        except OSError:
-            continue  # a dangling link: reported as missing where it matters
-        if not stat.S_ISREG(mode):
-            raise NotAModelFolderError(
-                f"{entry.name} in {folder} is not a regular file (a FIFO, device or folder): not read"
-            )
-
-
-# Sizes every model needs positive (where the config has them as integers).
-_POSITIVE_SIZES = (
-    "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "vocab_size", "head_dim", "d_model", "d_ff", "n_layers", "n_heads", "num_layers",
-    "num_heads", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim",
-    "encoder_attention_heads", "decoder_attention_heads", "ffn_hidden_size",
-)  # fmt: skip
-_EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
-_FUSED_EXPERTS = re.compile(r"\.experts\.[A-Za-z_]+$")
-
-
-def _config_fields(config) -> list[tuple[str, Any]]:
-    """(name, value) of the config's fields and its sub-configs' (DBRX keeps experts in ffn_config)."""
-    fields = list(vars(config).items())
-    for _, value in list(fields):
-        if hasattr(value, "to_dict") and not isinstance(value, type):
-            fields += list(vars(value).items())
-        elif isinstance(value, dict):
-            fields += list(value.items())
-    return fields
-
-
-def _ints(value: Any) -> list[int]:
-    """An int field, or a per-layer list of them; [] for anything else (None, floats, strings)."""
-    values = value if isinstance(value, list) else [value]
-    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
-
-
-def _check_config(folder: Path, config) -> None:
-    """Sizes a model cannot have are refused right after the config is read: non-positive sizes, no experts,
-    top-k outside 1 … E."""
-    fields = _config_fields(config)
-    for name, value in fields:
-        if name in _POSITIVE_SIZES + EXPERT_COUNT_KEYS and any(v <= 0 for v in _ints(value)):
-            raise InvalidConfigError(f"{folder}/config.json: {name} must be a positive integer, got {value}")
-    experts = [(n, v) for n, value in fields if n in EXPERT_COUNT_KEYS for v in _ints(value)]
-    if not experts:
-        return
-    n_experts = max(v for _, v in experts)
-    for name, value in fields:
-        for k in _ints(value) if name in STRICT_TOP_K_KEYS else []:
-            if not 1 <= k <= n_experts:
-                raise InvalidConfigError(
-                    f"{folder}/config.json: top-k ({name}) must be 1 … {n_experts} (the number of experts), "
-                    f"got {k}"
-                )
-
-
-def _check_config_against_weights(folder: Path, config, entries: dict[str, dict[str, Any]]) -> None:
-    """A config may not declare more layers or experts than the weights hold (a config of 100,000 layers
-    would otherwise build a skeleton for minutes before the weights are found not to match)."""
-    if not entries:
-        return
-    layers = {index for name in entries if (index := layer_index(name)) is not None}
-    declared = max(
-        (v for n, value in _config_fields(config) if n in LAYER_COUNT_KEYS for v in _ints(value)), default=0
-    )
-    if layers and declared > max(layers) + 1:
-        raise InvalidConfigError(
-            f"{folder}/config.json declares {declared} layers but the weights hold {max(layers) + 1}"
-        )
-    held = [int(m.group(1)) + 1 for name in entries if (m := _EXPERT_INDEX.search(name))]
-    held += [
-        entry["shape"][0]
-        for name, entry in entries.items()
-        if _FUSED_EXPERTS.search(name) and len(entry["shape"]) >= 3
-    ]
-    experts = max(
-        (v for n, value in _config_fields(config) if n in EXPERT_COUNT_KEYS for v in _ints(value)), default=0
-    )
-    if held and experts > max(held):
-        raise InvalidConfigError(
-            f"{folder}/config.json declares {experts} experts per layer but the weights hold {max(held)}"
-        )
-
-
-def _one_line(exc: BaseException) -> str:
-    """An exception's message as one short line (messages of transformers and tokenizers span lines)."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "…"
 
 
 def _load_tokenizer(folder: Path, trust_remote_code: bool):
@@ -563,7 +384,7 @@ def _load_tokenizer(folder: Path, trust_remote_code: bool):
         )
     except Exception as exc:  # tokenizers' own errors are a plain Exception; the files are user input
         raise CorruptTokenizerError(
-            f"the tokenizer files in {folder} could not be read: {_one_line(exc)}"
+            f"the tokenizer files in {folder} could not be read: {exception_line(exc)}"
         ) from exc
 
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from moeviz.errors import MoevizError
-from moeviz.trace import pid_alive
+from moeviz.trace import pid_alive, writing_atomically
 
 STORE_FORMAT = "moeviz.store/1"
 STORE_FILE = "store.json"
@@ -87,15 +87,8 @@ def part_name(batch: int) -> str:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` via a hidden temp file + rename (readers never see half a file)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with writing_atomically(path, temp=path.with_name(f".{path.name}.{os.getpid()}.tmp")) as handle:
+        handle.write(data)
 
 
 def init_store(root: Path) -> Path:

@@ -1,5 +1,5 @@
 """Deployment what-ifs replayed from real routing: expert parallelism and All-to-All, expert offloading
-caches, capacity drops, quantisation flips, and a model-size calculator.
+caches, capacity drops, quantisation flips, a windowed KV cache, and a model-size calculator.
 
 Every definition follows the anchors in docs/deployment-whatifs.md; each result's `.definition` says which
 one it used. The replay simulators (ep, offload, capacity) take `Routes` (from a Trace or a corpus store) and
@@ -9,6 +9,7 @@ never run the model; `quantisation_flips` and `prefetch_recall` must run it.
 from moeviz.whatif.capacity import CapacityResult, expert_capacity, replay_capacity
 from moeviz.whatif.ep import EPConfig, EPResult, Placement, fit_placement, simulate_ep
 from moeviz.whatif.eplb import rebalance_experts
+from moeviz.whatif.kv_cache import kv_cache_whatif
 from moeviz.whatif.model_size import KNOWN_MODELS, ModelSize, expert_bytes, expert_flops_per_token, model_size
 from moeviz.whatif.offload import (
     POLICIES,
@@ -39,6 +40,7 @@ __all__ = [
     "fake_quantise",
     "fit_placement",
     "hit_rate_curve",
+    "kv_cache_whatif",
     "model_size",
     "prefetch_recall",
     "quantisation_flips",

@@ -19,7 +19,7 @@ import torch
 
 from moeviz.analysis.confidence import eligible_by_groups
 from moeviz.analysis.losses import top_k_indices
-from moeviz.capture.routing import capture, token_batch
+from moeviz.capture.forward import capture, token_batch
 from moeviz.errors import InputError
 from moeviz.hooks import active_on_thread, shared_hooks
 from moeviz.models.loading import LoadedModel

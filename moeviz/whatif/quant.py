@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from moeviz.analysis.confidence import eligible_experts
-from moeviz.capture.routing import capture, token_batch
+from moeviz.capture.forward import capture, token_batch
 from moeviz.errors import InputError
 from moeviz.models.loading import LoadedModel
 from moeviz.models.sites import MoESite, find_moe_sites

@@ -1,4 +1,5 @@
-"""Capture the routing a model actually used, over one forward or a `generate()` call."""
+"""Capture the routing a model actually used: run one forward or a `generate()` call with the hooks installed,
+then decode what they saw into a Trace (and, with `attention=True`, its `AttentionCapture`)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from moeviz.models.decoding import (
     recompute_softmax_topk,
 )
 from moeviz.models.loading import LoadedModel
-from moeviz.models.placement import refuse_if_input_too_large
+from moeviz.models.memory import refuse_if_input_too_large
 from moeviz.models.sites import MoESite
 from moeviz.scoring import scores_from_logits
 from moeviz.trace import TOKEN_COLUMNS, LayerRouting, LazyTokens, ModelInfo, Trace

@@ -1,6 +1,7 @@
-"""Flags shared by the `moeviz` subcommands, each defined once (same name, default and help everywhere).
-Used by `moeviz.cli` (capture, report) and `moeviz.store.cli` (trace); imports from moeviz only inside
-functions (errors, the device check)."""
+"""Flags shared by the `moeviz` commands, each defined once (same name, default and help everywhere), and
+the keyword arguments they become (`load_kwargs`, `placement_kwargs`, `trace_settings`, `prompt_inputs`).
+
+Imports nothing heavy at module level: the device check and the store's settings load inside functions."""
 
 from __future__ import annotations
 
@@ -15,22 +16,27 @@ from typing import Any
 from moeviz.errors import InputError
 
 MODEL_HELP = "local Hugging Face folder or sample:NAME"
-EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT): every command that can be interrupted exits with it
 CORPUS_HELP = (
     "a folder of .txt files (one sub-folder, or file name, per domain) or a JSONL file (one object per "
     'line: "text", optional "domain")'
 )
 BATCH_SIZE = 8
+REPORT_CHUNK_TOKENS = 512  # report --corpus and the checkpoint timeline: tokens per sequence
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 TEXT_FILE_LIMIT = 16 * 2**20  # --text-file: bytes (a prompt; also stops endless inputs such as /dev/zero)
 
 
 def add_model_flags(
-    command: argparse.ArgumentParser, *, model_help: str = MODEL_HELP, group: Any = None
+    command: argparse.ArgumentParser,
+    *,
+    model_help: str = MODEL_HELP,
+    group: Any = None,
+    dtype_flag: str = "--dtype",
 ) -> None:
     """--model and the flags that say how to load it, for every command that loads a model (capture,
-    report, trace): add a model-loading flag here and pass it on in `load_kwargs`. With `group` (a
-    mutually exclusive group), --model goes into it instead of being required on its own."""
+    report, trace, whatif): add a model-loading flag here and pass it on in `load_kwargs`. With `group` (a
+    mutually exclusive group), --model goes into it instead of being required on its own. `dtype_flag`
+    renames --dtype where a command's --dtype means something else (`whatif quant`: --load-dtype)."""
     if group is None:
         command.add_argument("--model", required=True, help=model_help)
     else:
@@ -39,7 +45,7 @@ def add_model_flags(
         "--trust-remote-code", action="store_true", help="run modelling code shipped in the folder"
     )
     command.add_argument(
-        "--dtype",
+        dtype_flag,
         choices=DTYPES,
         default="auto",
         help="dtype of the weights: auto = the checkpoint's own (fp16 loads as fp32 on a CPU)",
@@ -49,12 +55,13 @@ def add_model_flags(
 
 def load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments of `moeviz.load_model` from the flags `add_model_flags` added."""
-    return {"trust_remote_code": args.trust_remote_code, "dtype": args.dtype, "device": args.device}
+    dtype = getattr(args, "load_dtype", args.dtype)  # --load-dtype where --dtype is another flag's
+    return {"trust_remote_code": args.trust_remote_code, "dtype": dtype, "device": args.device}
 
 
 def add_placement_flags(command: argparse.ArgumentParser) -> None:
     """--device-map, --offload-folder and --max-memory (a model spread over GPUs, CPU and disk), passed on by
-    `placement_kwargs` (capture, report)."""
+    `placement_kwargs` (capture, report, trace)."""
     command.add_argument(
         "--device-map",
         help="spread the model (needs accelerate): auto, a device, or JSON {module: device|cpu|disk}",
@@ -108,7 +115,7 @@ MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential", "cpu", "di
 def _check_map_devices(device_map: Any, text: str) -> None:
     """Refuse (InputError, before anything loads) a --device-map naming a device this machine or torch build
     lacks, e.g. cuda:7 on a CPU-only build; transformers would fail deep in the load with a traceback."""
-    from moeviz.errors import InputError, LoadOptionError
+    from moeviz.errors import LoadOptionError
     from moeviz.models.placement import pick_device
 
     values = device_map.values() if isinstance(device_map, dict) else [device_map]
@@ -151,7 +158,7 @@ def load_progress(description: str = "loading model") -> Callable[[int, int], No
 
 
 def add_batching_flags(command: argparse.ArgumentParser, *, chunk_tokens: int) -> None:
-    """How a corpus is cut into sequences and batches (report --corpus, report --checkpoints, trace)."""
+    """How a corpus is cut into sequences and batches (report --corpus, checkpoints, trace)."""
     command.add_argument(
         "--batch-size",
         type=int,
@@ -164,6 +171,30 @@ def add_batching_flags(command: argparse.ArgumentParser, *, chunk_tokens: int) -
         default=chunk_tokens,
         help=f"corpus: tokens per sequence (default {chunk_tokens})",
     )
+
+
+def trace_settings(args: argparse.Namespace) -> Any:
+    """The store's `TraceSettings` from the batching flags (trace, checkpoints), each checked to be >= 1."""
+    from moeviz.store.writer import TraceSettings
+
+    for name in ("batch_size", "chunk_tokens", "max_batches"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    return TraceSettings(
+        batch_size=args.batch_size,
+        chunk_tokens=args.chunk_tokens,
+        max_batches=args.max_batches,
+        confidence=getattr(args, "confidence", False),
+    )
+
+
+def add_input_group(command: argparse.ArgumentParser, *, corpus: bool = False) -> None:
+    """The mutually exclusive, required input of capture and report: a prompt, or (report) --corpus."""
+    source = command.add_mutually_exclusive_group(required=True)
+    add_prompt_inputs(source)
+    if corpus:
+        source.add_argument("--corpus", type=Path, help=CORPUS_HELP)
 
 
 def add_prompt_inputs(source: argparse._MutuallyExclusiveGroup) -> None:

@@ -1,36 +1,37 @@
-"""`moeviz trace` and `moeviz report --checkpoints`: the store from the shell (both parsed by the one tree
-of moeviz.cli; `report`'s flags are defined there)."""
+"""`moeviz trace`: stream a corpus through a model, or through every checkpoint of a training run, into a
+Parquet routing store. It is the library's `moeviz.store.write_corpus` (one model) and `write_series` (a
+checkpoint series), or with --ray `moeviz.store.distributed.write_corpus_ray` / `write_series_ray`."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
+from typing import Any
 
-from moeviz.cli_flags import (
+from moeviz.cli.exits import EXIT_INTERRUPTED
+from moeviz.cli.flags import (
     CORPUS_HELP,
-    EXIT_INTERRUPTED,
     add_batching_flags,
     add_model_flags,
     add_placement_flags,
     load_kwargs,
     load_progress,
     placement_kwargs,
+    trace_settings,
 )
 from moeviz.errors import InputError
 
 TRACE_CHUNK_TOKENS = 256  # trace: tokens per sequence (the sample models' training length)
 
 
-def add_trace_parser(commands) -> argparse.ArgumentParser:
-    """The `trace` subcommand."""
+def add_parser(commands: Any) -> None:
     trace = commands.add_parser(
         "trace",
         help="stream a corpus through a model (or a checkpoint series) into a Parquet routing store",
-        description="Route a whole corpus in batches into a store folder (resumable with --resume).",
+        description="Route a whole corpus in batches into a store folder (resumable with --resume): "
+        "moeviz.store.write_corpus for one model, moeviz.store.write_series for a checkpoint series "
+        "(with --ray: write_corpus_ray / write_series_ray of moeviz.store.distributed).",
     )
     add_model_flags(
         trace,
@@ -61,22 +62,7 @@ def add_trace_parser(commands) -> argparse.ArgumentParser:
         type=float,
         help="GPUs per worker (default 0); with GPUs --device-map defaults to auto",
     )
-    return trace
-
-
-def _settings(args: argparse.Namespace):
-    from moeviz.store.writer import TraceSettings
-
-    for name in ("batch_size", "chunk_tokens", "max_batches"):
-        value = getattr(args, name, None)
-        if value is not None and value < 1:
-            raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    return TraceSettings(
-        batch_size=args.batch_size,
-        chunk_tokens=args.chunk_tokens,
-        max_batches=args.max_batches,
-        confidence=getattr(args, "confidence", False),
-    )
+    trace.set_defaults(run=run_trace)
 
 
 def _ray_options(args: argparse.Namespace):
@@ -108,7 +94,7 @@ def run_trace(args: argparse.Namespace) -> int:
     from moeviz.store.layout import check_label, list_runs
     from moeviz.store.writer import write_corpus
 
-    settings = _settings(args)
+    settings = trace_settings(args)
     check_corpus(args.corpus)  # bad input fails before anything is loaded or written
     if args.label:
         check_label(args.label, "model")
@@ -158,36 +144,4 @@ def run_trace(args: argparse.Namespace) -> int:
     for run in list_runs(args.out):
         state = "complete" if run.complete else f"{len(run.parts)} batches (incomplete)"
         print(f"{run.model}/{run.checkpoint}: {run.tokens} tokens, {run.rows} rows, {state} -> {run.path}")
-    return 0
-
-
-def run_checkpoint_report(args: argparse.Namespace) -> int:
-    """`moeviz report --checkpoints SERIES --corpus PATH`: trace each checkpoint on the same batch plan and
-    print the timeline (flags: the `report` parser in moeviz.cli)."""
-    from transformers.utils import logging as hf_logging
-
-    from moeviz.corpus import check_corpus
-    from moeviz.store.checkpoints import checkpoint_timeline, render_timeline, resolve_series, write_series
-
-    settings = _settings(args)
-    check_corpus(args.corpus)
-    name, _ = resolve_series(args.checkpoints)
-    hf_logging.disable_progress_bar()
-    store = args.store or Path(tempfile.mkdtemp(prefix="moeviz-timeline-"))
-    try:
-        write_series(args.checkpoints, args.corpus, store, settings=settings, resume=True)
-        timeline = checkpoint_timeline(store, model=name)
-    finally:
-        if args.store is None:
-            shutil.rmtree(store, ignore_errors=True)
-    if args.format == "json":
-        frames = ("saturation", "collapse", "drift", "specialisation", "crossings")
-        payload = {
-            "model": timeline.model,
-            "checkpoints": timeline.checkpoints,
-            **{f: json.loads(getattr(timeline, f).to_json(orient="records")) for f in frames},
-        }
-        print(json.dumps(payload, indent=1))
-    else:
-        print(render_timeline(timeline))
     return 0

@@ -20,9 +20,9 @@ WAIT_S = 20
 @pytest.fixture
 def cache_module(monkeypatch):
     app_importable(monkeypatch)
-    from components import capture_cache
+    from components import trace_cache
 
-    return capture_cache
+    return trace_cache
 
 
 class Capture:
@@ -58,7 +58,7 @@ def stopped_after(calls: int, counter: Counter):
 
 def test_a_superseded_capture_stops_early_and_is_not_cached(cache_module) -> None:
     capture = Capture()
-    cache = cache_module.CaptureCache(lambda source: source, size=4, capture=capture)
+    cache = cache_module.TraceCache(lambda source: source, size=4, capture=capture)
     counter: Counter = Counter()
     with pytest.raises(StopException):
         cache.get(*KEY, stopped_after(2, counter))
@@ -74,7 +74,7 @@ def test_a_superseded_capture_stops_early_and_is_not_cached(cache_module) -> Non
 def test_a_waiting_session_gets_a_fresh_capture_not_an_error(cache_module) -> None:
     capture = Capture()
     capture.go_on.clear()
-    cache = cache_module.CaptureCache(lambda source: source, size=4, capture=capture)
+    cache = cache_module.TraceCache(lambda source: source, size=4, capture=capture)
     results: dict[str, object] = {}
 
     def superseded() -> None:

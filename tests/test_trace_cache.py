@@ -1,4 +1,4 @@
-"""The app's capture cache (`app/components/capture_cache.py`, free of Streamlit) under concurrent use:
+"""The app's trace cache (`app/components/trace_cache.py`, free of Streamlit) under concurrent use:
 each (model, text) is computed once, its trace is the library's, the LRU bound holds, and a failing
 computation reaches only the threads that asked for it."""
 
@@ -23,9 +23,9 @@ THREADS = 8
 @pytest.fixture
 def cache_module(monkeypatch):
     app_importable(monkeypatch)
-    from components import capture_cache
+    from components import trace_cache
 
-    return capture_cache
+    return trace_cache
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def loaded():
 
 
 class Counting:
-    """`load` and `capture` for a CaptureCache that count their calls; `load` fails for BROKEN."""
+    """`load` and `capture` for a TraceCache that count their calls; `load` fails for BROKEN."""
 
     def __init__(self, loaded, capture) -> None:
         self.loaded = loaded
@@ -80,13 +80,13 @@ def test_the_cache_module_does_not_import_streamlit(cache_module) -> None:
         for node in ast.walk(tree)
         if isinstance(node, ast.ImportFrom) and node.module
     }
-    assert imported <= {"__future__", "threading", "collections", "concurrent", "moeviz"}, imported
+    assert imported <= {"__future__", "threading", "collections", "concurrent", "typing", "moeviz"}, imported
     assert "streamlit" not in imported
 
 
 def test_concurrent_requests_compute_each_key_once(cache_module, loaded) -> None:
     counting = Counting(loaded, cache_module.capture_for_app)
-    cache = cache_module.CaptureCache(counting.load, size=len(TEXTS), capture=counting.capture)
+    cache = cache_module.TraceCache(counting.load, size=len(TEXTS), capture=counting.capture)
     requests = [(MODEL, TEXTS[i % len(TEXTS)]) for i in range(THREADS * 3)]
     start = threading.Barrier(THREADS)
 
@@ -113,7 +113,7 @@ def test_concurrent_requests_compute_each_key_once(cache_module, loaded) -> None
 
 def test_the_lru_bound_holds(cache_module, loaded) -> None:
     counting = Counting(loaded, cache_module.capture_for_app)
-    cache = cache_module.CaptureCache(counting.load, size=2, capture=counting.capture)
+    cache = cache_module.TraceCache(counting.load, size=2, capture=counting.capture)
     first = cache.get(MODEL, TEXTS[0])
     cache.get(MODEL, TEXTS[1])
     assert cache.get(MODEL, TEXTS[0]) is first  # a hit: TEXTS[0] is now the most recent
@@ -129,12 +129,12 @@ def test_the_lru_bound_holds(cache_module, loaded) -> None:
         list(pool.map(lambda i: cache.get(MODEL, TEXTS[i % len(TEXTS)]), range(THREADS * 2)))
     assert len(cache) == 2
     with pytest.raises(ValueError):
-        cache_module.CaptureCache(counting.load, size=0)
+        cache_module.TraceCache(counting.load, size=0)
 
 
 def test_an_error_does_not_poison_other_keys(cache_module, loaded) -> None:
     counting = Counting(loaded, cache_module.capture_for_app)
-    cache = cache_module.CaptureCache(counting.load, size=8, capture=counting.capture)
+    cache = cache_module.TraceCache(counting.load, size=8, capture=counting.capture)
     requests = [(BROKEN if i % 2 else MODEL, TEXTS[i % 2]) for i in range(THREADS * 2)]
 
     def ask(key):
@@ -179,7 +179,7 @@ def test_waiting_threads_share_one_error_and_recover_from_an_interruption(cache_
             raise Interrupted
         return cache_module.capture_for_app(loaded, text, progress)
 
-    cache = cache_module.CaptureCache(lambda source: loaded, size=4, capture=capture)
+    cache = cache_module.TraceCache(lambda source: loaded, size=4, capture=capture)
 
     def ask(text):
         try:

@@ -1,0 +1,223 @@
+"""`moeviz report`: judge one model's routing layer by layer (`moeviz.report.build_report`) and print it as
+text, JSON or Markdown. `report --checkpoints SERIES` is an alias of `moeviz checkpoints SERIES`
+(moeviz.cli.checkpoints): the same flags, run and output."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from typing import Any
+
+from moeviz.cli import checkpoints
+from moeviz.cli.exits import EXIT_VERDICT
+from moeviz.cli.flags import (
+    REPORT_CHUNK_TOKENS,
+    add_batching_flags,
+    add_input_group,
+    add_model_flags,
+    add_placement_flags,
+    load_kwargs,
+    load_progress,
+    placement_kwargs,
+    prompt_inputs,
+)
+from moeviz.cli.output import Column, json_text, markdown_table, note_lines, text_table
+from moeviz.errors import InputError
+
+REPORT_MAX_CHUNKS = 64  # report --corpus: sequences per domain
+# the per-layer table of the text and Markdown screens (JSON has every key of moeviz.report.LAYER_KEYS)
+REPORT_COLUMNS = [
+    Column("layer"),
+    Column("site"),
+    Column("verdict"),
+    Column("aux_loss_topk", "{:.3f}"),
+    Column("z_loss", "{:.1f}"),
+    Column("load_entropy", "{:.3f}"),
+    Column("max_share", "{:.3f}"),
+    Column("dead_fraction", "{:.2f}"),
+    Column("dropped_fraction", "{:.3f}"),
+    Column("max_vio", "{:.2f}"),
+    Column("cv", "{:.2f}"),
+]
+
+
+def add_parser(commands: Any) -> None:
+    rep = commands.add_parser(
+        "report",
+        help="judge a model's routing health layer by layer, or a training run's checkpoint timeline",
+        description="Run one --model on an input and judge its routing, layer by layer; or, with "
+        "--checkpoints (an alias of `moeviz checkpoints`), trace every checkpoint of a training run on "
+        "--corpus and print its timeline.",
+    )
+    subject = rep.add_mutually_exclusive_group(required=True)
+    subject.add_argument(
+        "--checkpoints",
+        metavar="DIR|A,B,C",
+        help="a training run instead of one model: a folder of checkpoint folders, or A,B,C (needs --corpus; "
+        "the same as `moeviz checkpoints`)",
+    )
+    add_model_flags(rep, group=subject)
+    add_input_group(rep, corpus=True)
+    rep.add_argument("--format", choices=["text", "json", "markdown"], default="text")
+    add_batching_flags(rep, chunk_tokens=REPORT_CHUNK_TOKENS)
+    one = rep.add_argument_group("one model (--model)")
+    one.add_argument(
+        "--fail-on",
+        choices=["warning", "collapsed"],
+        help=f"exit with code {EXIT_VERDICT} when the model verdict reaches this level",
+    )
+    one.add_argument("--devices", type=int, help="also report expert-parallel balancedness over D devices")
+    one.add_argument(
+        "--max-chunks",
+        type=int,
+        help=f"corpus: at most this many sequences per domain (default {REPORT_MAX_CHUNKS})",
+    )
+    add_placement_flags(one)
+    checkpoints.add_timeline_flags(rep.add_argument_group("checkpoint timeline (--checkpoints)"))
+    rep.set_defaults(check=functools.partial(_check_report_flags, rep), run=run_report)
+
+
+def _check_report_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Flags of one branch of `report` given to the other: a usage error (exit 2)."""
+    if args.checkpoints is not None:
+        if args.corpus is None:
+            parser.error("--checkpoints needs --corpus (the texts every checkpoint is traced on)")
+        misplaced = {
+            "--fail-on": args.fail_on,
+            "--devices": args.devices,
+            "--max-chunks": args.max_chunks,
+            "--trust-remote-code": args.trust_remote_code or None,
+            "--dtype": None if args.dtype == "auto" else args.dtype,
+            "--device": None if args.device == "auto" else args.device,
+            "--device-map": args.device_map,
+            "--offload-folder": args.offload_folder,
+            "--max-memory": args.max_memory,
+        }
+        if args.format == "markdown":
+            parser.error("--format markdown is for one model; a checkpoint timeline prints text or json")
+    else:
+        misplaced = {"--max-batches": args.max_batches, "--store": args.store}
+    given = [flag for flag, value in misplaced.items() if value is not None]
+    if given:
+        branch = "one --model" if args.checkpoints is not None else "--checkpoints"
+        parser.error(f"{given[0]} only applies to {branch}")
+
+
+def run_report(args: argparse.Namespace) -> int:
+    if args.checkpoints is not None:
+        return checkpoints.run_checkpoints(args)
+    from tqdm import tqdm
+    from transformers.utils import logging as hf_logging
+
+    import moeviz
+    from moeviz.cli.capture import capture_quietly, warn_routing
+    from moeviz.report import build_report
+
+    for name in ("chunk_tokens", "max_chunks", "batch_size", "devices"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    inputs = None if args.corpus is not None else prompt_inputs(args)
+    corpus = None
+    if args.corpus is not None:
+        from moeviz.corpus import read_corpus
+
+        corpus = read_corpus(args.corpus)  # fail on a bad corpus before loading the model
+    placement = placement_kwargs(args)
+    hf_logging.disable_progress_bar()
+    loaded = moeviz.load_model(args.model, **load_kwargs(args), **placement, progress=load_progress())
+    seq_domains = None
+    if corpus is None:
+        trace = capture_quietly(loaded, **inputs)
+    else:
+        batches, seq_domains = _corpus_batches(loaded, corpus, args)
+        traces = []
+        with tqdm(
+            total=sum(len(b) for b in batches), desc="routing corpus", unit="seq", file=sys.stderr
+        ) as bar:
+            for batch in batches:
+                traces.append(capture_quietly(loaded, token_ids=batch))
+                bar.update(len(batch))
+        trace = moeviz.Trace.concat(traces)
+    try:
+        report = build_report(trace, seq_domains, devices=args.devices)
+    except ValueError as exc:  # e.g. experts that do not split evenly over --devices
+        raise InputError(str(exc)) from exc
+    print(SCREENS[args.format](report))
+    warn_routing(trace)
+    return EXIT_VERDICT if args.fail_on and report.collapse.fails(args.fail_on) else 0
+
+
+def _corpus_batches(loaded, corpus, args) -> tuple[list[list[list[int]]], list[str]]:
+    """Token windows of each document (≤ --max-chunks per domain), grouped into batches of --batch-size."""
+    from moeviz.corpus import chunk_token_ids
+
+    if loaded.tokenizer is None:
+        raise InputError("--corpus needs a model with a tokenizer")
+    length = min(args.chunk_tokens, loaded.max_length or args.chunk_tokens)
+    max_chunks = args.max_chunks or REPORT_MAX_CHUNKS
+    sequences, domains, per_domain = [], [], {}
+    for doc in corpus:
+        room = max_chunks - per_domain.get(doc.domain, 0)
+        if room <= 0:
+            continue
+        chunks = chunk_token_ids(loaded.tokenizer(doc.text)["input_ids"], length, room)
+        per_domain[doc.domain] = per_domain.get(doc.domain, 0) + len(chunks)
+        sequences += chunks
+        domains += [doc.domain] * len(chunks)
+    batches = [sequences[i : i + args.batch_size] for i in range(0, len(sequences), args.batch_size)]
+    return batches, domains
+
+
+def report_json(report: Any) -> str:
+    """{"model", "tokens", "verdict", "reasons", ["ep_balancedness_over_layers",] "layers": [...]}."""
+    out = {
+        "model": report.model,
+        "tokens": report.tokens,
+        "verdict": report.verdict,
+        "reasons": report.collapse.reasons,
+    }
+    if report.ep_balancedness_over_layers is not None:
+        out["ep_balancedness_over_layers"] = report.ep_balancedness_over_layers
+    return json_text({**out, "layers": report.layers.to_dict("records")})
+
+
+def report_text(report: Any) -> str:
+    """One screen: the model and its verdict, the per-layer table, then the reasons and notes."""
+    from moeviz.analysis.collapse import NOT_ENOUGH_TOKENS
+
+    rows = report.layers.to_dict("records")
+    head = f"{report.model}: {report.tokens} tokens — verdict: {report.verdict.upper()}"
+    if report.collapse.layers and not report.collapse.judged:
+        head += f" (load {NOT_ENOUGH_TOKENS})"
+    out = [head, *text_table(REPORT_COLUMNS, rows, gap=2)]
+    if report.ep_balancedness_over_layers is not None:
+        value = report.ep_balancedness_over_layers
+        out.append(f"  expert-parallel balancedness over layers (Σ mean / Σ max, as vLLM): {value:.3f}")
+    out += [f"  {reason}" for reason in report.collapse.reasons]
+    out += note_lines(report.collapse.notes, indent="  ")
+    for row in rows:
+        if row.get("specialised_domains"):
+            out.append(f"  layer {row['layer']} specialised: " + ", ".join(row["specialised_domains"]))
+    return "\n".join(out)
+
+
+def report_markdown(report: Any) -> str:
+    from moeviz.analysis.collapse import NOT_ENOUGH_TOKENS
+
+    judged = report.collapse.judged or not report.collapse.layers
+    out = [
+        f"## Routing report: `{report.model}`",
+        "",
+        f"{report.tokens} tokens. Verdict: **{report.verdict}**"
+        + ("." if judged else f" (load {NOT_ENOUGH_TOKENS})."),
+        "",
+        *markdown_table(REPORT_COLUMNS, report.layers.to_dict("records")),
+    ]
+    if report.collapse.reasons:
+        out += ["", *[f"- {reason}" for reason in report.collapse.reasons]]
+    return "\n".join(out)
+
+
+SCREENS = {"text": report_text, "json": report_json, "markdown": report_markdown}

@@ -1,0 +1,174 @@
+"""The Trace: the one data model that crosses every boundary downstream of capture — tokens plus the
+routing of every MoE layer over them, and the tidy frames read from it.
+
+Plain numpy and pandas, no torch: analysis, charts, the app and the CLI read a Trace or its frames and
+never the model. Its parts are in `moeviz.trace.records`, its file format in `moeviz.trace.parquet`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from moeviz.trace.records import ROUTING_COLUMNS, TOKEN_COLUMNS, LayerRouting, LazyTokens, ModelInfo
+
+
+@dataclass
+class Trace:
+    """Tokens plus the routing of every MoE layer over them.
+
+    `tokens` has one row per token: seq, pos (position within its sequence, padding excluded), stream
+    ("input", or "decoder" for the decoder side of encoder-decoders), token_id, token (decoded text),
+    phase ("prompt" | "generated"), step (generation step whose forward routed it; 0 = prompt) and
+    predicted_id (the model's argmax next token at this position; -1 where it was not computed, i.e. the
+    prompt positions before the last one in `generate`).
+
+    `attention` (None unless captured with `attention=True`) is a `moeviz.attention.AttentionCapture`:
+    exact rows/blocks/maps and per-head summaries computed on demand. It is not written to Parquet and
+    not carried by `concat` (both give `attention=None`).
+    """
+
+    model: ModelInfo
+    tokens: pd.DataFrame  # a property (below): a LazyTokens given here is built on first read
+    layers: list[LayerRouting]
+    attention: Any | None = None  # moeviz.attention.AttentionCapture (not imported: keeps Trace torch-free)
+
+    def __getstate__(self) -> dict[str, Any]:
+        self.tokens  # noqa: B018 - build a lazy token table: its builder is not picklable
+        return dict(self.__dict__)
+
+    def layer(self, layer: int, site: str | None = None) -> LayerRouting:
+        for routing in self.layers:
+            if routing.layer == layer and (site is None or routing.site == site):
+                return routing
+        raise KeyError(f"no MoE layer {layer}{'' if site is None else f' ({site})'} in this trace")
+
+    @classmethod
+    def concat(cls, traces: list[Trace]) -> Trace:
+        """One trace from several captures of the same model (e.g. the batches of a corpus): sequences are
+        renumbered in order, each layer's rows appended."""
+        if not traces:
+            raise ValueError("nothing to concatenate")
+        token_parts, layers, offset_rows, offset_seq = [], {}, 0, 0
+        for trace in traces:
+            tokens = trace.tokens.copy()
+            tokens["seq"] += offset_seq
+            token_parts.append(tokens)
+            for routing in trace.layers:
+                layers.setdefault(routing.key, []).append((routing, offset_rows))
+            offset_rows += len(tokens)
+            offset_seq += int(trace.tokens["seq"].max()) + 1 if len(trace.tokens) else 0
+        merged = []
+        for parts in layers.values():
+            first = parts[0][0]
+            stack = lambda name, parts=parts: np.concatenate([getattr(r, name) for r, _ in parts])  # noqa: E731
+            merged.append(
+                dataclasses.replace(
+                    first,
+                    token_rows=np.concatenate([r.token_rows + off for r, off in parts]),
+                    **{n: stack(n) for n in ("logits", "experts", "weights")},
+                )
+            )
+        return cls(model=traces[0].model, tokens=pd.concat(token_parts, ignore_index=True), layers=merged)
+
+    @property
+    def layer_keys(self) -> list[tuple[str, int]]:
+        return [routing.key for routing in self.layers]
+
+    def routing_frame(self) -> pd.DataFrame:
+        """Tidy routing table: one row per (seq, pos, layer, rank); see ROUTING_COLUMNS and the README."""
+        parts = [_layer_frame(self.tokens, routing) for routing in self.layers]
+        if not parts:
+            return pd.DataFrame({c: [] for c in ROUTING_COLUMNS})
+        return pd.concat(parts, ignore_index=True)[ROUTING_COLUMNS]
+
+    def scores_frame(self, layer: int, site: str | None = None) -> pd.DataFrame:
+        """Token × expert frame of one layer: seq, pos, token, expert, score, logit, selection_score,
+        dispatched (bool), weight (0 where not dispatched). [N·E rows]"""
+        routing = self.layer(layer, site)
+        n, e = routing.logits.shape
+        tokens = self.tokens.iloc[routing.token_rows].reset_index(drop=True)
+        dispatched = np.zeros((n, e), dtype=bool)
+        weight = np.zeros((n, e), dtype=np.float32)
+        rows, slots = np.nonzero(routing.experts >= 0)
+        dispatched[rows, routing.experts[rows, slots]] = True
+        weight[rows, routing.experts[rows, slots]] = routing.weights[rows, slots]
+        frame = pd.DataFrame(
+            {
+                "row": np.repeat(np.arange(n), e),
+                "expert": np.tile(np.arange(e), n),
+                "score": routing.scores.reshape(-1),
+                "logit": routing.logits.reshape(-1),
+                "selection_score": routing.selection_scores.reshape(-1),
+                "dispatched": dispatched.reshape(-1),
+                "weight": weight.reshape(-1),
+            }
+        )
+        for column in ("seq", "pos", "token_id", "token"):
+            frame[column] = tokens[column].to_numpy()[frame["row"].to_numpy()]
+        return frame
+
+    # ---- Parquet -----------------------------------------------------------------------------------
+    def to_parquet(self, path: str | Path) -> Path:
+        """Write the routing table (plus each token's full logits) to one Parquet file, atomically, in
+        format `moeviz.trace/2` (described in `moeviz.trace.parquet`)."""
+        from moeviz.trace.parquet import write_trace
+
+        return write_trace(Path(path), self.model, self.tokens, self.layers, self.routing_frame())
+
+    @classmethod
+    def from_parquet(cls, path: str | Path) -> Trace:
+        """Read a trace written by `to_parquet` (format version 2, or version 1)."""
+        from moeviz.trace.parquet import read_trace
+
+        model, tokens, layers = read_trace(Path(path))
+        return cls(model=model, tokens=tokens, layers=layers)
+
+
+def _get_tokens(trace: Trace) -> pd.DataFrame:
+    value = trace.__dict__["_tokens"]
+    if isinstance(value, LazyTokens):
+        value = value.build()
+        trace.__dict__["_tokens"] = value
+    return value
+
+
+def _set_tokens(trace: Trace, value: pd.DataFrame | LazyTokens) -> None:
+    trace.__dict__["_tokens"] = value
+
+
+Trace.tokens = property(_get_tokens, _set_tokens, doc="The token table (see the class docstring).")  # type: ignore[assignment]
+
+
+def _layer_frame(tokens: pd.DataFrame, routing: LayerRouting) -> pd.DataFrame:
+    n, k = routing.experts.shape
+    rows = np.repeat(routing.token_rows, k)
+    token_index = np.repeat(np.arange(n), k)
+    experts = routing.experts.reshape(-1)
+    valid = experts >= 0
+    safe = np.where(valid, experts, 0)
+
+    def per_expert(values: np.ndarray) -> np.ndarray:
+        picked = values[token_index, safe].astype(np.float32)
+        return np.where(valid, picked, np.float32(np.nan))
+
+    frame = pd.DataFrame(
+        {
+            "layer": np.full(n * k, routing.layer, dtype=np.int64),
+            "rank": np.tile(np.arange(k, dtype=np.int64), n),
+            "expert": experts.astype(np.int64),
+            "weight": routing.weights.reshape(-1).astype(np.float32),
+            "score": per_expert(routing.scores),
+            "selection_score": per_expert(routing.selection_scores),
+            "logit": per_expert(routing.logits),
+            "site": routing.site,
+        }
+    )
+    for column in TOKEN_COLUMNS:
+        frame[column] = tokens[column].to_numpy()[rows]
+    return frame

@@ -1,0 +1,152 @@
+"""What a Trace is made of: the model facts it carries (`ModelInfo`), one MoE layer's routing
+(`LayerRouting`), a token table built on first use (`LazyTokens`), and the columns of its two tables.
+
+Plain numpy and pandas, no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from moeviz.scoring import scores_from_logits, selection_scores
+
+TOKEN_COLUMNS = ["seq", "pos", "stream", "token_id", "token", "phase", "step", "predicted_id"]
+ROUTING_COLUMNS = [
+    "seq",
+    "pos",
+    "token_id",
+    "token",
+    "layer",
+    "rank",
+    "expert",
+    "weight",
+    "score",
+    "selection_score",
+    "logit",
+    "site",
+    "stream",
+    "phase",
+    "step",
+]
+
+
+@dataclass
+class ModelInfo:
+    """What the capture knows about the model as a whole."""
+
+    source: str
+    model_type: str
+    architecture: str
+    num_layers: int
+    num_parameters: int = 0
+    dtype: str = "float32"  # the dtype the weights were loaded (or dequantised) at
+    device: str = "cpu"  # where the weights are: "cuda:0"; with a device map "cuda:0 (30 modules), disk (16)"
+    parameter_bytes: int = 0  # parameters and buffers at `dtype`
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LayerRouting:
+    """Routing of one MoE layer over all captured tokens it saw.
+
+    N = tokens this layer routed (padding excluded), E = experts, k = slots per token.
+    - token_rows [N]: row of each token in `Trace.tokens`
+    - logits [N, E]: raw router logits (fp32)
+    - scores [N, E] (derived, read-only): router scores, `score_fn(logits)`, before any top-k renormalisation
+    - selection_scores [N, E] (derived, read-only): what the experts were selected on (scores + balancing
+      bias, if any)
+    - experts [N, k]: dispatched expert ids, -1 for a slot dropped by capacity; slots by descending weight
+    - weights [N, k]: combination weights the model applied (0 for dropped)
+    - bias [E] | None: balancing bias added for selection only
+    - n_group, topk_group, group_score: group-limited routing (DeepSeek-V2/V3 style): experts are split into
+      `n_group` contiguous groups, each token picks its best `topk_group` groups by `group_score` of the
+      selection scores ("top2_sum": sum of the group's two best, V3/GLM/Kimi; "max": V2) and selects only
+      among their experts. None when the router does not limit groups.
+    """
+
+    layer: int
+    site: str
+    token_rows: np.ndarray
+    logits: np.ndarray
+    experts: np.ndarray
+    weights: np.ndarray
+    score_fn: str
+    bias: np.ndarray | None = None
+    decision_source: str = "dispatch"  # "dispatch" | "router_output" | "recomputed" (not the model's own)
+    top_k: int | None = None
+    capacity: int | None = None
+    shared_experts: int = 0
+    module: str = ""
+    n_group: int | None = None
+    topk_group: int | None = None
+    group_score: str | None = None  # "top2_sum" | "max" | None
+    # derived arrays, computed on first use and kept while logits, score_fn and bias are the same objects
+    _derived: dict[str, tuple[Any, np.ndarray]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        n = len(self.token_rows)
+        for name, arr, dims in (
+            ("logits", self.logits, 2),
+            ("experts", self.experts, 2),
+            ("weights", self.weights, 2),
+        ):
+            if arr.ndim != dims or arr.shape[0] != n:
+                raise ValueError(f"layer {self.layer} {name}: expected [{n}, ...], got {list(arr.shape)}")
+        if self.experts.shape != self.weights.shape:
+            raise ValueError(
+                f"layer {self.layer}: experts {self.experts.shape} != weights {self.weights.shape}"
+            )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_derived": {}}  # a pickle carries the logits, not what derives from them
+
+    def _cached(self, name: str, key: tuple[Any, ...], compute) -> np.ndarray:
+        hit = self._derived.get(name)
+        if hit is not None and all(a is b for a, b in zip(hit[0], key, strict=True)):
+            return hit[1]
+        value = compute()
+        self._derived[name] = (key, value)
+        return value
+
+    @property
+    def scores(self) -> np.ndarray:
+        """[N, E] router scores, `score_fn(logits)` in fp32 (`moeviz.scoring.scores_from_logits`): derived
+        from `logits` on first use, never stored apart from them (read-only)."""
+        key = (self.logits, self.score_fn)
+        return self._cached("scores", key, lambda: scores_from_logits(self.logits, self.score_fn))
+
+    @property
+    def selection_scores(self) -> np.ndarray:
+        """[N, E] what the experts were selected on: `scores` + `bias` (`scores` itself without a bias)."""
+        key = (self.logits, self.score_fn, self.bias)
+        return self._cached("selection_scores", key, lambda: selection_scores(self.scores, self.bias))
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.logits.shape[1])
+
+    @property
+    def k(self) -> int:
+        return int(self.experts.shape[1])
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.site, self.layer)
+
+
+class LazyTokens:
+    """A token table built on first use: `Trace(tokens=LazyTokens(build))` calls `build()` (→ the
+    DataFrame, TOKEN_COLUMNS) the first time `trace.tokens` is read, so a capture whose caller never looks
+    at the token strings does not decode them."""
+
+    __slots__ = ("build",)
+
+    def __init__(self, build: Callable[[], pd.DataFrame]) -> None:
+        self.build = build
