@@ -95,6 +95,12 @@ def test_a_short_run_draws_the_runners_history_and_opens_on_the_other_pages(app_
         history, load = runner.snapshot()
         assert len(history) == TINY["steps"]
         pd.testing.assert_frame_equal(chart_frame(at, "Loss"), history, check_dtype=False)
+        # the load entropy the Lab draws is the library's normalised one (1 = even, the dashed rule)
+        assert history["load_entropy"].between(0, 1).all()
+        (entropy,) = [
+            c.proto.spec for c in at.get("vega_lite_chart") if '"text": "Load entropy"' in c.proto.spec
+        ]
+        assert '"datum":1.0' in entropy.replace(" ", "")
         shown = chart_frame(at, "Expert load, layer 0")[["step", "expert", "load"]]
         expected = load[load["layer"] == 0][["step", "expert", "load"]].reset_index(drop=True)
         pd.testing.assert_frame_equal(shown, expected, check_dtype=False)

@@ -145,6 +145,10 @@ def test_load_step_counts_the_dispatched_experts(traces) -> None:
         np.testing.assert_array_equal(load.sort_values("expert")["count"], counts)
         assert metric(at, "Busiest expert") == f"{counts.max() / routing.experts.size:.1%}"
         assert metric(at, "Fair share 1/E") == f"{1 / routing.num_experts:.1%}"
+        # normalised, as everywhere (the Lab once showed nats beside it): H(c/Σc) / log E
+        share = counts[counts > 0] / counts.sum()
+        normalised = -(share * np.log(share)).sum() / np.log(routing.num_experts)
+        assert metric(at, "Load entropy") == f"{normalised:.3f}"
 
 
 def test_aux_loss_step_equals_the_library_loss(traces) -> None:
