@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.moeviz-installed
 export HF_HUB_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup app run test lint bench chromium samples
+.PHONY: setup app run test test-fast test-random lint bench chromium samples screenshots
 
 setup: $(STAMP)
 
@@ -34,12 +34,36 @@ samples: setup
 	$(PY) scripts/samples/train_tokenizer.py
 	$(PY) scripts/samples/train_all.py
 
+# pytest over both cores (pytest-xdist); `loadgroup` is scheduled by tests/conftest.py: one test file per unit
+# of work, all of tests/browser on one worker (one app server per model).
+# PYTEST_ARGS: more options, e.g. `make test-fast PYTEST_ARGS=-x` or `PYTEST_ARGS=--randomly-seed=N`.
+XDIST       ?= -n 2 --dist loadgroup
+PYTEST_ARGS ?=
+
+# Everything: lint, the import contracts, then every tier (tests/unit, models, app, browser, system).
 test: setup chromium
 	$(VENV)/bin/ruff check moeviz app tests scripts benchmarks
 	$(VENV)/bin/ruff format --check moeviz app tests scripts benchmarks
 	$(VENV)/bin/lint-imports
 	PYTHONPATH=app $(VENV)/bin/lint-imports app/import-contracts.toml
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST) --durations=30 $(PYTEST_ARGS)
+
+# The tiers without the app, a browser or a real process (tests/unit, tests/models): under 3 min on 2 cores.
+# A tier folder that collects no test fails the run (exit 5, tests/conftest.py).
+test-fast: setup
+	$(PY) -m pytest -q $(XDIST) --durations=10 $(PYTEST_ARGS) tests/unit tests/models
+
+# The whole suite in a shuffled order (pytest-randomly; the default order is fixed by `-p no:randomly` in
+# pyproject.toml). Its header says the seed (no -q); `make test-random PYTEST_ARGS=--randomly-seed=N` reruns
+# that order.
+test-random: setup chromium
+	$(PY) -m pytest -p randomly $(XDIST) $(PYTEST_ARGS)
+
+# The README's pictures (docs/screenshots/*.png): the browser tests, writing their screenshots there instead of
+# test-output/screenshots. The tests that compare a page with its picture then compare it with itself; commit
+# the pictures that changed (a test run never writes docs/: tests/conftest.py fails a run that does).
+screenshots: setup chromium
+	MOEVIZ_SCREENSHOTS=docs/screenshots $(PY) -m pytest -q $(XDIST) tests/browser
 
 lint: setup
 	$(VENV)/bin/ruff check --fix moeviz app tests scripts benchmarks

@@ -4,7 +4,7 @@ The wheel holds the `moeviz` package and, inside it, the repository's top-level 
 and `sample_models/` (the bundled models and their evaluation slices), installed as `moeviz/_app` and
 `moeviz/_sample_models`, and of `docs/` only the files the app reads (`DOCS_THE_APP_READS`, as
 `moeviz/_docs`); `moeviz.resources.bundled_path` finds them there, or beside the package in a checkout (and
-in an editable install). `tests/test_packaging.py` checks the wheel's file list.
+in an editable install). `tests/system/test_packaging.py` checks the wheel's file list.
 """
 
 from setuptools import find_packages, setup

@@ -1,8 +1,8 @@
 """App latency in the real browser: `python benchmarks/bench_app.py` prints the figures.
 
 Starts `streamlit run app/streamlit_app.py` on the default sample (mixtral-healthy) and drives it with
-Playwright in headless Debian Chromium (the flags of tests/test_app_browser.py). Measured, each from the
-user's action to the moment the browser has drawn the result (polled in the page every animation frame):
+Playwright in headless Debian Chromium (the flags of tests/browser/test_app_browser.py). Measured, each from
+the user's action to the moment the browser has drawn the result (polled in the page every animation frame):
 
 1. submit a new 1,000-token prompt → heatmap rendered with its tokens (target < 3 s; a fresh prompt each
    repetition, so every run includes the model forward);
@@ -31,7 +31,7 @@ from moeviz.capture.forward import token_batch
 from moeviz.samples import eval_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the launcher lives with the tests
-from tests.app_server import CHROMIUM, CHROMIUM_ARGS, running_app
+from tests.support.server import CHROMIUM, CHROMIUM_ARGS, running_app
 
 MODEL = "sample:mixtral-healthy"
 TIMEOUT_MS = 300_000  # the 32k-token forward alone takes about a minute here

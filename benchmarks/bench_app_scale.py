@@ -1,7 +1,7 @@
 """The Routing page at scale in the real browser: `python benchmarks/bench_app_scale.py` prints the figures.
 
 A random DeepSeek-V3-shaped model (256 routed experts, top-8 within the best 4 of 8 groups, 61 blocks of
-which 58 MoE, narrow widths; tests/scale_models.py) is saved to a temporary folder and opened by
+which 58 MoE, narrow widths; tests/support/scale_models.py) is saved to a temporary folder and opened by
 `streamlit run app/streamlit_app.py`, driven by Playwright in headless Debian Chromium (as bench_app.py).
 Measured, each from the user's action to the frame in which the browser has drawn the result:
 
@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the launcher and
 import moeviz
 from benchmarks.bench_app import _WAIT_JS as WAIT_JS
 from benchmarks.bench_app import REPEATS, SETTLE_MS, TIMEOUT_MS, caption_says, prompts, submit
-from tests.app_server import CHROMIUM, CHROMIUM_ARGS, running_app
-from tests.scale_models import save_scale_model
+from tests.support.scale_models import save_scale_model
+from tests.support.server import CHROMIUM, CHROMIUM_ARGS, running_app
 
 TOKENS = 1000
 # "Drawn" = the heatmap's pixels differ from those before the action. bench_app.py compares the canvas's

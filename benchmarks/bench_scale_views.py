@@ -15,12 +15,14 @@ import time
 from collections.abc import Callable
 
 import altair as alt
+import pandas as pd
 
 from moeviz.analysis import confidence_frame, expert_balance_frame
 from moeviz.analysis.expert_order import expert_order
+from moeviz.analysis.null import load_confidence
 from moeviz.analysis.scale_frames import mean_score_frame, token_scores_frame
 from moeviz.analysis.structure import coactivation_counts
-from moeviz.charts.routing import token_margin_chart, token_strip_chart
+from moeviz.charts.routing import router_score_heatmap, token_margin_chart, token_strip_chart
 from moeviz.charts.scale import expert_load_curve_chart, layer_expert_heatmap, token_rank_path_chart
 from moeviz.testing.scale_traces import SHAPES, shaped_trace
 from moeviz.trace import Trace
@@ -57,14 +59,27 @@ def bench_shape(name: str, tokens: int, repeats: int) -> None:
     balance, token, conf = got["expert_balance_frame"], got["token_scores_frame"], got["confidence_frame"]
     one_layer = balance[balance["layer"] == mid.layer]
     order = expert_order(one_layer, "coactivation", coactivation=got["coactivation_counts (1 layer)"][0])
+    band = load_confidence(mid, draws=400)
+    bands = pd.DataFrame(
+        {"expert": range(mid.num_experts), "share": band.share, "share_low": band.share_low,
+         "share_high": band.share_high}
+    )  # fmt: skip
+    subset = [*expert_order(one_layer, by="load")[:15].tolist(), int(mid.experts[0, -1])]
     charts = {
         "layer_expert_heatmap utilisation": lambda: layer_expert_heatmap(balance, highlight=3),
+        "layer_expert_heatmap one token": lambda: layer_expert_heatmap(token, "score", highlight=3),
         "layer_expert_heatmap score, PC1": lambda: layer_expert_heatmap(
             got["mean_score_frame"], "score", order=order, order_name="co-activation PC1"
         ),
         "token_rank_path_chart score": lambda: token_rank_path_chart(token),
         "token_rank_path_chart load": lambda: token_rank_path_chart(token, rank_by="load", load=balance),
         "expert_load_curve_chart": lambda: expert_load_curve_chart(one_layer, highlight=3),
+        "expert_load_curve_chart, bands": lambda: expert_load_curve_chart(
+            one_layer, highlight=3, bands=bands
+        ),
+        "router_score_heatmap (200 × 16)": lambda: router_score_heatmap(
+            trace.scores_frame(mid.layer), max_tokens=200, experts=subset
+        ),
         "token_strip_chart (400 tokens)": lambda: token_strip_chart(
             got["routing rows (1 layer)"], num_experts=mid.num_experts, n_group=mid.n_group, highlight=3
         ),

@@ -1,4 +1,17 @@
-"""Shared fixtures: tiny random models of every family saved to disk, the bundled sample, and the browser."""
+"""The suite's tiers and shared fixtures.
+
+Tiers are folders, and each test gets its folder's marker here (so `-m unit` and `make test-fast` select by
+what a test needs, not by what its author remembered to mark):
+- tests/unit: no model (analysis, charts, what-ifs, codecs, the store schema, Streamlit-free components);
+- tests/models: tiny random and bundled sample models in-process (capture, families, the oracle,
+  attention, interventions, loading, the store, the CLI through `moeviz.cli.main`);
+- tests/app: the app's pages in-process (Streamlit AppTest);
+- tests/browser: the app served and driven in headless Chromium;
+- tests/system: real subprocesses (signals, exit codes, the wheel, Ray, vLLM, the sample recipe).
+Shared helpers live in tests/support; no test module imports another.
+
+Fixtures: tiny random models of every family saved to disk, the bundled sample, a small corpus, Chromium.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +21,66 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# One OpenMP thread per test process (set before torch is imported; an explicit OMP_NUM_THREADS wins): the
+# models here are tiny, and torch's intra-op pool spins on the cores it may use, so on a 2-core machine a
+# second thread (worse: one per core in each of `-n 2`'s workers) made the models tier ~3× slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
+TIERS = ("unit", "models", "app", "browser", "system")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark each test with its tier (the first folder under tests/)."""
+    root = Path(__file__).parent
+    for item in items:
+        parts = Path(item.path).resolve().relative_to(root).parts
+        if len(parts) > 1 and parts[0] in TIERS:
+            item.add_marker(getattr(pytest.mark, parts[0]))
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own (the first answer is taken)
+def pytest_xdist_make_scheduler(config, log):
+    """`-n N --dist loadgroup`, scheduled here: pytest-xdist 3.8 puts a test in its xdist_group by rewriting
+    `item._nodeid`, which pytest 9 no longer reads, so its loadgroup ignores the marks (it is plain `load`).
+    Here each test file is one unit of work, so that a module-scoped fixture (a sample model's measurement, a
+    Ray cluster) is built once, not on both workers; all of tests/browser is one (an app server per model)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FilesAndBrowser(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "tests/browser" if path.startswith("tests/browser/") else path
+
+    return FilesAndBrowser(config, log)
+
+
+def _check_tiers(config, paths) -> None:
+    """Each tier folder named on the command line (`make test-fast`: tests/unit tests/models) must hold tests:
+    pytest's exit 5 ("no tests collected") only catches all of them being empty, and a tier that ran nothing
+    would pass silently. Exit 5 here too. (Not when -k, -m or --deselect chose the tests.)"""
+    if any(config.getoption(name, None) for name in ("keyword", "markexpr", "deselect")):
+        return
+    root = Path(__file__).parent
+    named = {(config.invocation_params.dir / arg.split("::")[0]).resolve() for arg in config.args}
+    resolved = [path.resolve() for path in paths]
+    found = {path.relative_to(root).parts[0] for path in resolved if path.is_relative_to(root)}
+    empty = [f"tests/{tier}" for tier in TIERS if root / tier in named and tier not in found]
+    if empty:
+        pytest.exit(f"no tests collected in {', '.join(empty)}: a tier ran nothing", returncode=5)
+
+
+def pytest_collection_finish(session) -> None:
+    if not hasattr(session.config, "workerinput"):  # a plain run (under xdist: the controller checks)
+        _check_tiers(session.config, [Path(item.path) for item in session.items])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids) -> None:
+    """The xdist controller: the tests a worker collected (every worker collects them all)."""
+    _check_tiers(node.config, [node.config.rootpath / nodeid.split("::")[0] for nodeid in ids])
 
 
 @pytest.fixture(scope="session")
@@ -51,13 +122,14 @@ def corpus(tmp_path_factory):
     return root
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser():
-    """Debian's headless Chromium for one module's browser tests (a missing browser fails the test: in CI
-    the browser tests must run, never skip)."""
+    """Debian's headless Chromium, one for every browser test of the session (or of an xdist worker); each
+    test opens its own pages or contexts (own sessions of the app). A missing browser fails the test: in CI
+    the browser tests must run, never skip."""
     from playwright.sync_api import sync_playwright
 
-    from tests.app_server import CHROMIUM, CHROMIUM_ARGS
+    from tests.support.server import CHROMIUM, CHROMIUM_ARGS
 
     if not CHROMIUM.is_file():
         pytest.fail(f"{CHROMIUM} not found: the browser tests need Debian's chromium (apt-get install it)")
@@ -69,3 +141,74 @@ def browser():
             yield chromium
         finally:
             chromium.close()
+
+
+@pytest.fixture(scope="session")
+def app_url():
+    """`app_url(model)` -> the URL of the checkout's app served with `model` as its default (`streamlit run`,
+    tests/support/server.py): started on first use, then shared by every browser test of the session that
+    asks for that model, and stopped at the session's end. Under `-n N --dist loadgroup` all of tests/browser
+    runs on one worker (`pytest_xdist_make_scheduler` above), so there is one server per model in all."""
+    from contextlib import ExitStack
+
+    from tests.support.server import AppDidNotStart, running_app
+
+    urls: dict[str, str] = {}
+    with ExitStack() as servers:
+
+        def serve(model: str) -> str:
+            if model not in urls:
+                try:
+                    urls[model] = servers.enter_context(running_app(model))
+                except AppDidNotStart as exc:
+                    pytest.fail(str(exc))
+            return urls[model]
+
+        yield serve
+
+
+# ---- a test run writes no tracked file ------------------------------------------------------------------
+def _tracked_changes() -> set[str] | None:
+    """`git status --porcelain` lines of tracked files (None outside a git checkout, e.g. an sdist)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return set(out.splitlines())
+
+
+def pytest_sessionstart(session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller (or a plain run), not an xdist worker
+        session.config.stash[_TRACKED] = _tracked_changes()
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """Fail the run when it changed a tracked file (a screenshot, a doc): tests write to tmp or an output
+    folder; README pictures come from `make screenshots`."""
+    before = session.config.stash.get(_TRACKED, None)
+    if before is None or hasattr(session.config, "workerinput"):
+        return
+    after = _tracked_changes() or set()
+    changed = sorted(after - before)
+    if os.environ.get("MOEVIZ_SCREENSHOTS"):  # `make screenshots`: rewriting the README pictures is the point
+        shots = Path(os.environ["MOEVIZ_SCREENSHOTS"]).resolve()
+        changed = [line for line in changed if not (REPO / line[3:]).resolve().is_relative_to(shots)]
+    if changed:
+        session.config.get_terminal_writer().line(
+            "the test run changed tracked files (tests must not write into the checkout):\n  "
+            + "\n  ".join(changed),
+            red=True,
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_TRACKED = pytest.StashKey[set[str] | None]()

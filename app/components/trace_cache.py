@@ -1,7 +1,8 @@
 """The server's shared results: `SharedResults`, the latest results per key, each computed once however many
 sessions ask for it at the same time, and `TraceCache`, the captured traces per (model, text) built on it
 (the loaded models are one too: `caches.models`). No Streamlit here: only moeviz and the standard library,
-so the caches are tested on their own (tests/test_trace_cache*.py)."""
+so the caches are tested on their own (tests/models/test_trace_cache.py,
+tests/unit/test_trace_cache_cancel.py)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Each [H, rows, keys] block of scores is built once (one matmul per KV head: GQA 
 exponentiated once, and every statistic (mass, entropy, mean distance, sink, local and kept mass, learned
 sink mass) is one multiply-and-sum against it; blocks follow the rows' allowed key intervals, so memory is
 O(block), never T × T. Precision: within 1e-6 of a float64 computation from the full map
-(tests/test_attention_exact.py). `AttentionCapture` caches and tabulates the results.
+(tests/unit/test_attention_exact.py). `AttentionCapture` caches and tabulates the results.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ _MAX_ROWS = 512  # query rows per block at most
 _ROWS_DIVISOR = 2  # rows per block: the widest row's keys / 2 (a sliding window: blocks over ~1.5 W keys)
 _EXP_FLOOR = -80.0  # shifted scores are clamped here: exp(-80) < 2e-35, and exp's underflow path is slow
 # Precision of the streaming pass (torch dtype names), so that every statistic stays within 1e-6 of a
-# float64 computation from the full map (tests/test_attention_exact.py). Scores q·kᵀ: float32 only where a
-# probe of the layer shows its rounding moves the statistics by at most _FLOAT32_SCORE_TOLERANCE (small
-# scores; on the trained samples, |s| ~ 30, a float32 q·kᵀ alone moves entropies by ~2.6e-6), else float64.
-# exp and the sums over keys run in float32: ~5e-7 at most on the samples (mean_distance: relative).
+# float64 computation from the full map (tests/unit/test_attention_exact.py). Scores q·kᵀ: float32 only
+# where a probe of the layer shows its rounding moves the statistics by at most _FLOAT32_SCORE_TOLERANCE
+# (small scores; on the trained samples, |s| ~ 30, a float32 q·kᵀ alone moves entropies by ~2.6e-6), else
+# float64. exp and the sums over keys run in float32: ~5e-7 at most on the samples (mean_distance: relative).
 _SCORE_DTYPE = "float64"
 _FLOAT32_SCORE_TOLERANCE = 4e-7
 _PROBE_ROWS = 16  # query rows per sequence the probe measures

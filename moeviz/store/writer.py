@@ -416,8 +416,9 @@ class _PartWriter:
 
 
 # The keywords every writer of a corpus run takes, first and in this order (`write_corpus`, `write_series`
-# and their Ray versions; tests/test_store.py checks the signatures): the model label (default: from the
-# source), TraceSettings, resume a run, show progress. A single run also takes its checkpoint label/index.
+# and their Ray versions; tests/unit/test_store_checkpoints.py checks the signatures): the model label
+# (default: from the source), TraceSettings, resume a run, show progress. A single run also takes its
+# checkpoint label and index.
 RUN_KEYWORDS = ("model", "settings", "resume", "progress")
 
 

@@ -3,7 +3,7 @@
     python scripts/samples/write_card.py sample_models/mixtral-healthy --title "..." --how "..."
 
 Every routing number in the card comes from `moeviz` on the committed evaluation slices with the protocol
-in `moeviz.samples.eval_batch`, so a user can reproduce it (tests/test_sample_models.py does).
+in `moeviz.samples.eval_batch`, so a user can reproduce it (tests/models/test_sample_models.py does).
 """
 
 from __future__ import annotations

@@ -1,0 +1,56 @@
+"""The allowed folders hold on the app's pages (issue 15): the Checkpoints page checks each part of a
+comma-separated series on its own, and the Corpus page refuses a store with a link outside. The checks
+themselves: tests/models/test_hardening_allowlist.py."""
+
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from tests.support.allowlist import make_roots, model_copier
+from tests.support.app import APP, app_test_env
+
+
+@pytest.fixture(autouse=True)
+def _app_env(monkeypatch):
+    app_test_env(monkeypatch)
+
+
+@pytest.fixture
+def roots(tmp_path, monkeypatch):
+    return make_roots(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def model_in(tiny_model_dir):
+    return model_copier(tiny_model_dir)
+
+
+def test_each_part_of_a_comma_series_is_checked(roots, model_in):
+    """`ALLOWED/x,OUTSIDE/series/step-2` resolves, as one path, inside ALLOWED; split, it is not."""
+    allowed, outside = roots
+    model_in(allowed, "x")
+    model_in(outside / "series", "step-2")
+    text = f"{allowed}/x,{outside}/series/step-2"
+    (allowed / f"x,{outside}" / "series" / "step-2").mkdir(parents=True)  # the joined path is a folder too
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.session_state["series_choice"] = "Local folder…"
+    at.session_state["series_folder"] = text
+    at.switch_page("pages/checkpoints.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    errors = [e.value for e in at.error]
+    assert errors and "outside the model folders" in errors[0] and "step-2" in errors[0], errors
+
+
+def test_the_corpus_page_refuses_a_store_with_a_link_outside(roots):
+    allowed, outside = roots
+    store = allowed / "store"
+    store.mkdir()
+    (store / "runs").symlink_to(outside, target_is_directory=True)
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.session_state["corpus_mode"] = "Open a store folder…"
+    at.session_state["store_folder"] = str(store)
+    at.switch_page("pages/corpus.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    errors = [e.value for e in at.error]
+    assert errors and "outside the store folders" in errors[0] and "runs" in errors[0], errors

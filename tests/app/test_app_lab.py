@@ -1,0 +1,149 @@
+"""The Lab page in-process (Streamlit AppTest): it renders with the defaults, a preset fills the controls, a
+tiny run ends with the curves drawing exactly the runner's history and opens on the other pages, and the
+server's limit of trainings shows the busy message. In the browser (Start grows the curve, Pause stops
+it): tests/browser/test_app_browser_lab.py."""
+
+from __future__ import annotations
+
+import zipfile
+from io import BytesIO
+
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from moeviz.lab import PRESETS, LabConfig
+from tests.support.app import APP, app_test_env
+
+PAGE = "pages/lab.py"
+# a run of a few seconds: one layer, a narrow model, short sequences
+TINY = {"experts": 4, "k": 2, "d_model": 16, "layers": 1, "batch": 2, "seq": 16, "steps": 6, "eval_every": 3}
+RUN_TIMEOUT_S = 60
+
+
+@pytest.fixture
+def app_env(monkeypatch):
+    app_test_env(monkeypatch)
+
+
+def lab_page() -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=RUN_TIMEOUT_S)
+    at.switch_page(PAGE)
+    return checked(at.run())
+
+
+def checked(at: AppTest) -> AppTest:
+    assert not at.exception, [e.value for e in at.exception]
+    errors = [e.value for e in at.error]
+    assert not errors, errors
+    return at
+
+
+def control(at: AppTest, field: str):
+    return at.number_input(key=f"lab_{field}_widget")
+
+
+def chart_frame(at: AppTest, title: str) -> pd.DataFrame:
+    """The dataset of the one chart titled `title` (Streamlit ships it as Arrow)."""
+    import pyarrow as pa
+
+    charts = [c for c in at.get("vega_lite_chart") if f'"text": "{title}"' in c.proto.spec]
+    assert len(charts) == 1, f"{len(charts)} charts titled {title!r}"
+    (dataset,) = charts[0].proto.datasets
+    return pa.ipc.open_stream(dataset.data.data).read_all().to_pandas()
+
+
+def test_renders_with_the_defaults(app_env) -> None:
+    at = lab_page()
+    assert at.title[0].value.startswith("Lab")
+    defaults = LabConfig()
+    for field in ("experts", "k", "aux_coef", "z_coef", "bias_rate", "router_noise", "lr", "steps", "seed"):
+        assert control(at, field).value == pytest.approx(getattr(defaults, field)), field
+    assert at.toggle(key="lab_capacity_on_widget").value is (defaults.capacity_factor is not None)
+    assert at.button(key="lab_pause").disabled and not at.button(key="lab_start").disabled
+
+
+def test_a_preset_fills_the_controls(app_env) -> None:
+    at = lab_page()
+    control(at, "aux_coef").set_value(0.2)
+    at.button(key="lab_preset_collapse").click()
+    checked(at.run())
+    collapse = PRESETS["collapse"]
+    assert collapse.aux_coef < 0
+    assert control(at, "aux_coef").value == pytest.approx(collapse.aux_coef)
+    assert control(at, "experts").value == collapse.experts
+    at.button(key="lab_preset_healthy").click()
+    checked(at.run())
+    assert control(at, "aux_coef").value == pytest.approx(PRESETS["healthy"].aux_coef)
+
+
+def test_a_short_run_draws_the_runners_history_and_opens_on_the_other_pages(app_env) -> None:
+    at = lab_page()
+    for field, value in TINY.items():
+        control(at, field).set_value(value)
+    at.button(key="lab_start").click()
+    checked(at.run())
+    runner = at.session_state["lab_runner"]
+    try:
+        runner.join(RUN_TIMEOUT_S)  # its thread ends with the run
+        assert runner.state == "done", runner.error
+        checked(at.run())
+        history, load = runner.snapshot()
+        assert len(history) == TINY["steps"]
+        pd.testing.assert_frame_equal(chart_frame(at, "Loss"), history, check_dtype=False)
+        # the load entropy the Lab draws is the library's normalised one (1 = even, the dashed rule)
+        assert history["load_entropy"].between(0, 1).all()
+        (entropy,) = [
+            c.proto.spec for c in at.get("vega_lite_chart") if '"text": "Load entropy"' in c.proto.spec
+        ]
+        assert '"datum":1.0' in entropy.replace(" ", "")
+        shown = chart_frame(at, "Expert load, layer 0")[["step", "expert", "load"]]
+        expected = load[load["layer"] == 0][["step", "expert", "load"]].reset_index(drop=True)
+        pd.testing.assert_frame_equal(shown, expected, check_dtype=False)
+        assert not at.button(key="lab_start").disabled  # unlocked for the next run
+
+        with zipfile.ZipFile(BytesIO(_zip(runner))) as archive:
+            assert "moeviz-lab-model/config.json" in archive.namelist()
+        at.button(key="lab_open").click()  # the other pages open the trained model
+        checked(at.run())
+        (name,) = at.session_state["lab_models"]
+        assert at.session_state["model"] == f"lab: {name}"
+        at.switch_page("pages/load.py")
+        checked(at.run())
+        assert at.selectbox(key="model_choice").value == f"lab: {name}"
+    finally:
+        runner.stop()
+
+
+def _zip(runner) -> bytes:
+    from components import lab
+
+    return lab.zip_bytes(runner)
+
+
+def test_busy_server_shows_the_busy_message(app_env, monkeypatch) -> None:
+    monkeypatch.setattr("moeviz.lab.runner.max_runs", lambda: 0)  # every slot taken
+    at = lab_page()
+    at.button(key="lab_start").click()
+    checked(at.run())
+    assert "lab_runner" not in at.session_state
+    assert any("busy" in w.value for w in at.warning), [w.value for w in at.warning]
+
+
+def test_runners_of_gone_sessions_are_stopped(app_env, monkeypatch) -> None:
+    """Streamlit has no session-end hook: a sweep stops the runner of a session disconnected for longer
+    than Streamlit keeps it for a reconnect, and forgets it; a connected session's runner is left alone."""
+    from components import lab
+
+    class Runner:
+        stopped = False
+
+        def stop(self, wait=None) -> None:
+            self.stopped = True
+
+    gone, here = Runner(), Runner()
+    monkeypatch.setattr(lab, "_REGISTRY", {"gone": lab._Entry(gone, 0.0), "here": lab._Entry(here, 0.0)})
+    monkeypatch.setattr(lab, "_connected", lambda session_id: session_id == "here")
+    assert lab.sweep(now=lab.GRACE_S / 2) == [] and not gone.stopped  # a reconnect may still come
+    assert lab.sweep(now=lab.GRACE_S + 1) == ["gone"]
+    assert gone.stopped and not here.stopped and list(lab._REGISTRY) == ["here"]

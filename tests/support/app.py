@@ -1,0 +1,83 @@
+"""Set-up shared by the in-process page tests (Streamlit AppTest), and what the app's pages must show computed
+apart from the app (the sample's KV cache by hand, the evaluation corpus routed as the pages route it), for
+those tests and the browser's; test code, so `moeviz` stays free of Streamlit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+REPO = Path(__file__).resolve().parents[2]
+APP_DIR = REPO / "app"
+APP = APP_DIR / "streamlit_app.py"
+
+
+def app_test_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment of an in-process page test: offline, no folder limits and no default model set,
+    and `app/` importable as under `streamlit run` (see `app_importable`)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for name in ("MOEVIZ_MODEL_DIRS", "MOEVIZ_DEFAULT_MODEL", "MOEVIZ_STORE_DIRS"):
+        monkeypatch.delenv(name, raising=False)
+    app_importable(monkeypatch)
+
+
+def app_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Put `app/` on `sys.path` as `streamlit run app/streamlit_app.py` does, so that the app's building
+    blocks import as the pages import them (`from components import caches`)."""
+    monkeypatch.syspath_prepend(str(APP_DIR))
+
+
+def run_page(page: str, timeout_s: float = 60, **state) -> AppTest:
+    """Run the app's `page` (Streamlit AppTest) with `state` set in its session first; asserts that it
+    raised no exception and showed no error."""
+    at = AppTest.from_file(str(APP), default_timeout=timeout_s)
+    for key, value in state.items():
+        at.session_state[key] = value
+    at.switch_page(page).run()
+    assert not at.exception, [e.value for e in at.exception]
+    errors = [e.value for e in at.error]
+    assert not errors, errors
+    return at
+
+
+def expected_cache_bytes(tokens: int, window: int | None = None, global_tokens: int = 0) -> int:
+    """Bytes of the mixtral sample's KV cache at `tokens` tokens, by hand (the Attention page's what-if):
+    Σ over layers of 2 (K and V) · kv heads · head dim · kept tokens · bytes per element, from config.json.
+
+    Every layer of the sample slides (config `sliding_window`, no `layer_types`): it keeps min(window, T)
+    tokens; the what-if keeps at most W + G of those. Bytes per element: the loaded model's dtype (a
+    float16 checkpoint loads as float32 on a CPU, so its cache there holds float32)."""
+    import torch
+
+    import moeviz
+
+    config = json.loads((REPO / "sample_models" / "mixtral-healthy" / "config.json").read_text())
+    assert "layer_types" not in config and config["sliding_window"] == 256
+    kv_heads = config["num_key_value_heads"]
+    head_dim = config["head_dim"] or config["hidden_size"] // config["num_attention_heads"]
+    dtype = moeviz.load_model("sample:mixtral-healthy").info.dtype
+    element = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+    kept = min(config["sliding_window"], tokens)
+    if window is not None:
+        kept = min(kept, window + global_tokens)
+    return config["num_hidden_layers"] * 2 * kv_heads * head_dim * kept * element
+
+
+def corpus_trace(model: str):
+    """The evaluation corpus routed through `model`, as the page's corpus toggle builds it."""
+    import moeviz
+    from moeviz.samples import DOMAINS, eval_batch
+
+    loaded = moeviz.load_model(model)
+    batch = eval_batch(loaded)
+    parts = [
+        moeviz.capture(
+            loaded,
+            token_ids=[ids for ids, d in zip(batch.token_ids, batch.domains, strict=True) if d == domain],
+        )
+        for domain in DOMAINS
+    ]
+    return moeviz.Trace.concat(parts)
