@@ -41,7 +41,7 @@ def story(run: LabRun) -> str:
         f" final held-out loss={history['heldout_loss'].dropna().iloc[-1]:.3f}"
         f" train loss={history['train_loss'].tail(10).mean():.3f}"
         f" aux_loss_megatron={history['aux_loss_megatron'].iloc[-1]:.3f}"
-        f" router_z={history['router_z'].iloc[-1]:.2f} collapsed steps={int(history['collapsed'].sum())}"
+        f" z_loss={history['z_loss'].iloc[-1]:.2f} collapsed steps={int(history['collapsed'].sum())}"
     ]
     for layer in range(c.layers):
         share = tail.loc[layer].to_numpy()

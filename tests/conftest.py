@@ -168,47 +168,36 @@ def app_url():
 
 
 # ---- a test run writes no tracked file ------------------------------------------------------------------
-def _tracked_changes() -> set[str] | None:
-    """`git status --porcelain` lines of tracked files (None outside a git checkout, e.g. an sdist)."""
-    import subprocess
-
-    try:
-        out = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return set(out.splitlines())
-
-
 def pytest_sessionstart(session) -> None:
     if not hasattr(session.config, "workerinput"):  # the controller (or a plain run), not an xdist worker
-        session.config.stash[_TRACKED] = _tracked_changes()
+        from tests.support.git_tree import tracked_state
+
+        session.config.stash[_TRACKED] = tracked_state(REPO)
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
-    """Fail the run when it changed a tracked file (a screenshot, a doc): tests write to tmp or an output
-    folder; README pictures come from `make screenshots`."""
+    """Fail the run when it changed a tracked file (a screenshot, a doc), also one already modified before
+    the run (its content is compared, tests/support/git_tree.py): tests write to tmp or an output folder;
+    README pictures come from `make screenshots`."""
+    from tests.support.git_tree import change_line, changed_files, tracked_state
+
     before = session.config.stash.get(_TRACKED, None)
     if before is None or hasattr(session.config, "workerinput"):
         return
-    after = _tracked_changes() or set()
-    changed = sorted(after - before)
+    after = tracked_state(REPO)
+    if after is None:
+        return
+    changed = changed_files(before, after)
     if os.environ.get("MOEVIZ_SCREENSHOTS"):  # `make screenshots`: rewriting the README pictures is the point
         shots = Path(os.environ["MOEVIZ_SCREENSHOTS"]).resolve()
-        changed = [line for line in changed if not (REPO / line[3:]).resolve().is_relative_to(shots)]
+        changed = [path for path in changed if not (REPO / path).resolve().is_relative_to(shots)]
     if changed:
         session.config.get_terminal_writer().line(
             "the test run changed tracked files (tests must not write into the checkout):\n  "
-            + "\n  ".join(changed),
+            + "\n  ".join(change_line(path, before, after) for path in changed),
             red=True,
         )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-_TRACKED = pytest.StashKey[set[str] | None]()
+_TRACKED = pytest.StashKey[dict[str, str] | None]()

@@ -87,6 +87,12 @@ class ExpertAxis:
             f"one), sorted by {self.order_name}"
         )
 
+    def shown_sentence(self, where: str = "", more: str = "") -> str:
+        """`shown_line(where)` as a sentence, `more` before its full stop ("<line><more>. "); "" up to 20
+        experts (every expert listed by id: nothing to say)."""
+        line = self.shown_line(where)
+        return f"{line}{more}. " if line else ""
+
 
 def expert_axis(
     load: pd.DataFrame,
@@ -156,6 +162,14 @@ def pick_expert(
             help="Type an id to find it: id · slots dispatched · load against the fair share.",
         )
     )
+
+
+def caption_shown(axis: ExpertAxis, where: str = "", more: str = "") -> None:
+    """Under a view of `axis.shown`, say which experts it lists (`ExpertAxis.shown_sentence`); nothing up to
+    20 experts. Every page's per-expert view says it this one way."""
+    sentence = axis.shown_sentence(where, more)
+    if sentence:
+        st.caption(sentence.strip())
 
 
 def show_layer_expert_heatmap(

@@ -303,7 +303,7 @@ def live() -> None:
         )
     even = 1.0 if config.experts > 1 else None  # the normalised load entropy of an even load
     for column, metric in zip(
-        st.columns(3, gap="medium"), ("load_entropy", "dead_experts", "router_z"), strict=True
+        st.columns(3, gap="medium"), ("load_entropy", "dead_experts_window_sum", "z_loss"), strict=True
     ):
         with column:
             chart = lab_metric_chart(

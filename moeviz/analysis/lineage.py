@@ -37,7 +37,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from moeviz.models.config_keys import EXPERT_COUNT_KEYS, LAYER_COUNT_KEYS, ROUTER_NAMES, TOP_K_KEYS
+from moeviz.models.config_keys import (
+    EXPERT_COUNT_KEYS,
+    LAYER_COUNT_KEYS,
+    ROUTER_NAMES,
+    TOP_K_KEYS,
+    layer_index,
+)
 
 if TYPE_CHECKING:  # torch is imported where weights are read: importing moeviz.analysis stays torch-free
     import torch
@@ -46,7 +52,8 @@ THRESHOLD = 0.25
 MAX_EXPERT_TENSORS = 16  # expert weight tensors compared per layer (evenly spaced over the sorted names)
 MAX_ELEMENTS = 1 << 16  # elements read from each compared tensor
 
-_ROUTER = re.compile(rf"^(?P<prefix>.*?\.(?P<layer>\d+)\.(?:.*\.)?)(?:{'|'.join(ROUTER_NAMES)})\.weight$")
+# a router's weight: <the MoE block's prefix><router name>.weight; its layer: `layer_index` of the prefix
+_ROUTER = re.compile(rf"^(?P<prefix>.+\.)(?:{'|'.join(ROUTER_NAMES)})\.weight$")
 _CONFIG_KEYS = {
     "model type": ("model_type",),
     "experts": EXPERT_COUNT_KEYS,
@@ -150,8 +157,9 @@ def _routers(weights: _Weights) -> dict[str, tuple[int, str]]:
     found = {}
     for key in weights.keys:
         match = _ROUTER.match(key)
-        if match and len(weights.shape(key)) == 2:
-            found[key] = (int(match["layer"]), match["prefix"])
+        layer = layer_index(match["prefix"]) if match else None
+        if layer is not None and len(weights.shape(key)) == 2:
+            found[key] = (layer, match["prefix"])
     return found
 
 

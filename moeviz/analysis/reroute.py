@@ -85,7 +85,7 @@ def _weight_rule(routing: LayerRouting) -> tuple[bool, float]:
     experts, weights = routing.experts[full], routing.weights[full].astype(np.float64)
     if not len(experts):
         return True, 1.0
-    chosen = np.take_along_axis(routing.scores, experts, axis=1).astype(np.float64)
+    chosen = np.take_along_axis(routing.scores[full], experts, axis=1).astype(np.float64)
     ok = chosen > 0
     ratio = float(np.median(weights[ok] / chosen[ok])) if ok.any() else 1.0
     if np.allclose(weights, chosen * ratio, rtol=1e-3, atol=1e-6):

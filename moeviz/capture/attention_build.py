@@ -16,10 +16,12 @@ from moeviz.errors import CaptureError
 from moeviz.models.attention import kv_geometry, no_map_reason
 
 
-def _fp32_array(tensor: torch.Tensor) -> np.ndarray:
-    """An fp32, C-contiguous numpy array of a tensor: a copy, unless it already is fp32 and contiguous (then
-    shared). The model's tensors may be bf16/fp16 or strided views; the attention kernels need neither."""
-    return tensor.detach().to(torch.float32).contiguous().numpy()
+def _fp32_copy(tensor: torch.Tensor) -> np.ndarray:
+    """An fp32, C-contiguous numpy copy of a tensor, always a copy (one): the AttentionCapture owns its
+    arrays, whatever the model does with its tensors after the run. The model's tensors may be bf16/fp16 or
+    strided views; the attention kernels need neither. Its twin `moeviz.capture.forward._numpy_view` is the
+    other contract: a view of the tensor wherever it can be."""
+    return tensor.detach().to(dtype=torch.float32, memory_format=torch.contiguous_format, copy=True).numpy()
 
 
 def build_attention(
@@ -30,9 +32,13 @@ def build_attention(
     by_layer: dict[int, list] = {}
     for call in recorder.calls:
         by_layer.setdefault(call.layer, []).append(call)
+    # the recorded tensors are the model's (references): each is let go once its layer is copied, so the
+    # copies hold one layer's query and key twice at a time, not every layer's
+    recorder.calls.clear()
     layers, no_map = {}, {}
     config = model.config
-    for layer, calls in by_layer.items():
+    for layer in list(by_layer):
+        calls = by_layer.pop(layer)
         if len(calls) != 1:
             raise CaptureError(
                 f"attention layer {layer} ran {len(calls)} times in one forward; expected once "
@@ -42,8 +48,8 @@ def build_attention(
         layers[layer] = AttentionLayer(
             layer=layer,
             module=call.module,
-            query=_fp32_array(call.query),
-            key=_fp32_array(call.key),
+            query=_fp32_copy(call.query),
+            key=_fp32_copy(call.key),
             lo=call.lo.numpy().astype(np.int64),
             hi=call.hi.numpy().astype(np.int64),
             scaling=call.scaling,
@@ -95,11 +101,11 @@ def _linear_layers(
             layer=layer,
             module=name,
             kind=parts["kind"],
-            query=_fp32_array(parts["query"]),
-            key=_fp32_array(parts["key"]),
-            value=_fp32_array(parts["value"]),
-            log_decay=_fp32_array(parts["log_decay"]),
-            beta=None if parts["beta"] is None else _fp32_array(parts["beta"]),
+            query=_fp32_copy(parts["query"]),
+            key=_fp32_copy(parts["key"]),
+            value=_fp32_copy(parts["value"]),
+            log_decay=_fp32_copy(parts["log_decay"]),
+            beta=None if parts["beta"] is None else _fp32_copy(parts["beta"]),
         )
     recorder.linear.clear()
     return out

@@ -11,6 +11,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from moeviz.analysis.losses import AUX_LOSS_FORMS
 from moeviz.charts._common import FIT_WIDTH, INK, PAPER
 from moeviz.charts.scale import MAX_CATEGORICAL, add_expert_colour_fields, expert_colour
 
@@ -162,12 +163,25 @@ def lab_load_chart(
 
 
 # The per-step indicators of `LabRun.history()` the Lab draws as small curves: column -> (title, subtitle).
+# An auxiliary loss's subtitle is its balanced value, read from the one table of forms (AUX_LOSS_FORMS).
 LAB_METRICS = {
     "load_entropy": ("Load entropy", "normalised, 1 = even · dashed = even"),
-    "dead_experts": ("Dead experts", "recent steps, all layers"),
-    "router_z": ("Router z-loss", "mean logsumexp²"),
-    "aux_loss_megatron": ("Balancing loss, Megatron form", "1 = even load"),
+    "dead_experts_window_sum": ("Dead experts", "recent steps, all layers"),
+    "z_loss": ("Router z-loss", "mean logsumexp²"),
+    "aux_loss_megatron": ("Balancing loss, Megatron form", None),
 }
+COUNT_METRICS = {"dead_experts_window_sum"}  # whole numbers: drawn as steps, integer ticks
+
+
+def lab_metric_title(metric: str) -> tuple[str, str]:
+    """(title, subtitle) of a LAB_METRICS curve; an aux loss's subtitle says its balanced value, from
+    AUX_LOSS_FORMS."""
+    if metric not in LAB_METRICS:
+        raise ValueError(f"unknown lab metric {metric!r}; known: {sorted(LAB_METRICS)}")
+    title, subtitle = LAB_METRICS[metric]
+    if metric in AUX_LOSS_FORMS:
+        subtitle = f"{AUX_LOSS_FORMS[metric].balanced} = even load"
+    return title, subtitle
 
 
 def lab_metric_chart(
@@ -182,23 +196,21 @@ def lab_metric_chart(
     reference level (e.g. the normalised load entropy of an even load, 1).
 
     Input: `LabRun.history()`; the chart's one dataset is that frame, unchanged."""
-    if metric not in LAB_METRICS:
-        raise ValueError(f"unknown lab metric {metric!r}; known: {sorted(LAB_METRICS)}")
-    title, subtitle = LAB_METRICS[metric]
+    title, subtitle = lab_metric_title(metric)
     line = (
         alt.Chart()
         .transform_filter(f"isValid(datum.{metric})")
         .mark_line(
             color="#54a24b",
             strokeWidth=1.8,
-            interpolate="step-after" if metric == "dead_experts" else "linear",
+            interpolate="step-after" if metric in COUNT_METRICS else "linear",
         )
         .encode(
             x=_step_x(steps),
             y=alt.Y(
                 f"{metric}:Q",
                 title=None,
-                axis=alt.Axis(tickMinStep=1) if metric == "dead_experts" else alt.Undefined,
+                axis=alt.Axis(tickMinStep=1) if metric in COUNT_METRICS else alt.Undefined,
             ),
             tooltip=[alt.Tooltip("step:Q"), alt.Tooltip(f"{metric}:Q", format=".3~f", title=title.lower())],
         )

@@ -19,8 +19,9 @@ Losses: next-token cross-entropy + aux_coef · mean over layers of the auxiliary
 form (`aux_loss_megatron` of moeviz.analysis.losses: E · Σ_e f_e · P_e, f_e = share of the layer's top-k
 slots of the unbiased probabilities, P_e = mean probability; 1 when balanced; transformers'
 `router_aux_loss_coef` would pool all layers into one load instead) + z_coef · mean over layers of the
-router z-loss. AdamW (β 0.9/0.95, weight decay 0.1 on matrices), warm-up then cosine to 10% of lr,
-gradient clipping at 1 — the sample models' recipe (scripts/samples/train_model.py).
+router z-loss (`z_loss` of moeviz.analysis.losses, mean_t logsumexp(logits)²). AdamW (β 0.9/0.95, weight
+decay 0.1 on matrices), warm-up then cosine to 10% of lr, gradient clipping at 1 — the sample models' recipe
+(scripts/samples/train_model.py).
 
 Determinism: parameters are initialised from a `torch.Generator` seeded with `config.seed`, batches come
 from a numpy Generator with the same seed, router noise from a second torch Generator: nothing draws from
@@ -62,7 +63,7 @@ from transformers.models.mixtral.modeling_mixtral import (
     MixtralTopKRouter,
 )
 
-from moeviz.analysis.balance import balance_from_counts, load_entropy
+from moeviz.analysis.balance import balance_from_counts, balance_indicators
 from moeviz.analysis.collapse import CollapseThresholds, Verdict, judge_layer
 from moeviz.analysis.losses import bias_stats
 from moeviz.jsonable import dumps
@@ -74,17 +75,22 @@ from moeviz.scoring import expert_capacity
 from moeviz.trace import ModelInfo
 
 BIAS_NAME = "e_score_correction_bias"
-LOAD_WINDOW = 10  # steps whose loads the dead-expert count and the collapse verdict look at
+LOAD_WINDOW = 10  # steps whose loads `dead_experts_window_sum` and the collapse verdict look at
 LONG_CONTEXT = 32_768  # positions the saved model accepts (sliding window = the training length)
 INIT_STD = 0.02
+# The history's columns. The balance values are the library's, named as there: `aux_loss_megatron` and
+# `z_loss` (moeviz.analysis.losses) and `load_entropy` (moeviz.analysis.balance, normalised) of each layer
+# on the step's batch, mean over the layers. `dead_experts_window_sum` is a quantity of the Lab's own: the
+# library's per-layer `dead_experts` of each layer's load summed over the last LOAD_WINDOW steps, summed over
+# the layers (an expert that got no slot in ten steps, counted once per layer).
 HISTORY_COLUMNS = [
     "step",
     "train_loss",
     "heldout_loss",
     "aux_loss_megatron",
-    "router_z",
+    "z_loss",
     "load_entropy",
-    "dead_experts",
+    "dead_experts_window_sum",
     "collapsed",
     "dropped_fraction",
     "lr",
@@ -366,7 +372,7 @@ class LabRun:
             counts = torch.bincount(indices.reshape(-1), minlength=c.experts)
             f = torch.bincount(top.reshape(-1), minlength=c.experts).float() / top.numel()
             aux_terms.append(c.experts * (f * probs.mean(0)).sum())  # aux_loss_megatron
-            z_terms.append(torch.logsumexp(logits.float(), dim=-1).pow(2).mean())
+            z_terms.append(torch.logsumexp(logits.float(), dim=-1).pow(2).mean())  # z_loss
             selected.append(counts.numpy())
             if kept is None:
                 kept_counts.append(counts.numpy())
@@ -396,15 +402,18 @@ class LabRun:
         collapsed = self._collapsed(z_per_layer)
         if collapsed and self.collapse_step is None:
             self.collapse_step = self._step
-        window_counts = sum(w[0] for w in self._window)
+        tokens = c.batch * c.seq
+        step_balance = balance_indicators(kept_arr, tokens, c.k, ("load_entropy",))  # per layer
+        window_counts = sum(w[0] for w in self._window)  # [layers, E], the last LOAD_WINDOW steps
+        window_balance = balance_indicators(window_counts, tokens * len(self._window), c.k, ("dead_experts",))
         row = {
             "step": self._step,
             "train_loss": float(out.loss.detach()),
             "heldout_loss": heldout,
             "aux_loss_megatron": float(aux.detach()),
-            "router_z": float(z.detach()),
-            "load_entropy": float(np.mean(load_entropy(kept_arr))),  # normalised, mean over layers
-            "dead_experts": int((window_counts == 0).sum()),
+            "z_loss": float(z.detach()),
+            "load_entropy": float(np.mean(step_balance["load_entropy"])),  # normalised, mean over layers
+            "dead_experts_window_sum": int(window_balance["dead_experts"].sum()),
             "collapsed": bool(collapsed),
             "dropped_fraction": float(dropped_arr.sum() / (slots * c.layers)),
             "lr": lr,

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from moeviz.errors import InputError
+from moeviz.models.config_keys import LAYER_COUNT_KEYS, config_int
 from moeviz.models.loading import LoadedModel
 from moeviz.models.sites import MoESite, find_moe_sites
 
@@ -144,7 +145,7 @@ def model_size(model_or_config, name: str = "") -> ModelSize:
         top_k=k,
         shared_experts=int(first.shared_experts),
         moe_layers=len(sites),
-        layers=int(getattr(config, "num_hidden_layers", 0) or 0),
+        layers=config_int(config, LAYER_COUNT_KEYS) or 0,
         hidden_size=int(getattr(config, "hidden_size", 0) or 0),
         kv_bytes_per_token=kv,
         routed_params=int(routed),
@@ -154,7 +155,7 @@ def model_size(model_or_config, name: str = "") -> ModelSize:
 
 def kv_bytes_per_token(config) -> tuple[int, list[str]]:
     """(bytes of KV cache per token at bf16 over all layers, notes) from a decoder config."""
-    layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+    layers = config_int(config, LAYER_COUNT_KEYS) or 0  # the one table of config keys (moeviz.models)
     notes = []
     lora = getattr(config, "kv_lora_rank", None)
     if isinstance(lora, int) and lora > 0:

@@ -4,26 +4,12 @@ themselves: tests/models/test_hardening_allowlist.py."""
 
 from __future__ import annotations
 
-import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.support.allowlist import make_roots, model_copier
-from tests.support.app import APP, app_test_env
+from tests.support.allowlist import allowlist_fixtures
+from tests.support.app import APP
 
-
-@pytest.fixture(autouse=True)
-def _app_env(monkeypatch):
-    app_test_env(monkeypatch)
-
-
-@pytest.fixture
-def roots(tmp_path, monkeypatch):
-    return make_roots(tmp_path, monkeypatch)
-
-
-@pytest.fixture
-def model_in(tiny_model_dir):
-    return model_copier(tiny_model_dir)
+_app_env, roots, model_in = allowlist_fixtures()
 
 
 def test_each_part_of_a_comma_series_is_checked(roots, model_in):

@@ -1,32 +1,23 @@
 """The app's balance numbers are the library's: the Load page on a Switch-style model whose expert capacity
 drops slots, opened as a local folder (Streamlit AppTest), shows `balance_frame` and `expert_balance_frame`
-of the same trace; the Routing page says how many slots were dropped."""
+of the same trace; the Routing page says how many slots were dropped. The balance vocabulary on every
+surface: tests/models/test_balance_surfaces.py and tests/app/test_balance_surfaces_app.py."""
 
 from __future__ import annotations
-
-import shutil
 
 import numpy as np
 import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.support.app import REPO, app_test_env, run_page
+from tests.support.app import local_switch_model, run_page
 
-# A tokenizer for the tiny model: the sample's BPE (2,048 ids), so the model gets that vocabulary too.
-TOKENIZER = REPO / "sample_models" / "mixtral-healthy"
 CAPACITY = 5  # tokens per expert and sequence: the example prompt's ~28 tokens overflow 4 experts
 
 
 @pytest.fixture
 def switch_folder(tiny_model_dir, monkeypatch):
-    folder = tiny_model_dir("switch_transformers", expert_capacity=CAPACITY, vocab_size=2048)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(TOKENIZER / name, folder / name)
-    app_test_env(monkeypatch)
-    monkeypatch.setenv("MOEVIZ_DEFAULT_MODEL", str(folder))  # opened as a local folder ...
-    monkeypatch.setenv("MOEVIZ_MODEL_DIRS", str(folder.parent))  # ... from an allowed root
-    return folder
+    return local_switch_model(tiny_model_dir, monkeypatch, CAPACITY)
 
 
 def library_trace(folder, text: str):

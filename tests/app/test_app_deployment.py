@@ -11,22 +11,14 @@ from moeviz.whatif.ep import EPConfig, simulate_ep
 from moeviz.whatif.model_size import expert_flops_per_token, model_size
 from moeviz.whatif.quant import quantisation_flips
 from moeviz.whatif.routes import routes_from_trace
-from tests.support.app import app_test_env, run_page
+from tests.support.app import run_page, sample_page_fixtures
 
 MODEL = "sample:mixtral-healthy"
 PAGE = "pages/deployment.py"
 TABS = ["Expert parallelism", "Offloading", "Capacity", "Quantisation", "Model size"]
 TEXT = "The cat sat on the mat because it was warm and the sun was shining on the garden."
 
-
-@pytest.fixture(autouse=True)
-def _app_env(monkeypatch):
-    app_test_env(monkeypatch)
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    return moeviz.load_model(MODEL)
+_app_env, loaded = sample_page_fixtures(MODEL)
 
 
 def metric(at, label: str) -> str:

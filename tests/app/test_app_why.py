@@ -4,27 +4,18 @@ layer and expert (or the token's top-1), and its what-if shows the effect at eve
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from streamlit.testing.v1 import AppTest
 
 import moeviz
 from moeviz.charts import token_label
 from moeviz.interventions import DisableExpert, counterfactual
-from tests.support.app import APP, app_test_env
+from tests.support.app import APP, sample_page_fixtures
 
 MODEL = "sample:mixtral-healthy"
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs back home."
 POS = 4
 
-
-@pytest.fixture(autouse=True)
-def _app_env(monkeypatch):
-    app_test_env(monkeypatch)
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    return moeviz.load_model(MODEL)
+_app_env, loaded = sample_page_fixtures(MODEL)
 
 
 def _ok(at: AppTest) -> None:

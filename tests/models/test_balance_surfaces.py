@@ -1,10 +1,13 @@
 """One balance vocabulary: a Switch-style model that drops tokens at capacity, run through every surface.
 
 The library (`balance_frame`, `expert_balance_frame`), the `moeviz capture` summary, the `moeviz report` JSON,
-a store query over the same trace and the load chart must show the same numbers under the same names
-(the app's Load and Routing pages: tests/app/test_app_balance_table.py, on the same kind of model):
-shares f = c/(kT) of all kT slots (so they sum to 1 − dropped_fraction), utilisation c/(kT/E) and the
-dropped slots as their own quantity (docs/routing-metrics.md).
+a store query over the same trace, the load chart, `moeviz whatif ep`, the playground's and Learn's replays
+(`moeviz.analysis.reroute`) and the Lab's history must show the same numbers under the same names: shares
+f = c/(kT) of all kT slots (so they sum to 1 − dropped_fraction), utilisation c/(kT/E) and the dropped slots
+as their own quantity, load_entropy normalised, each aux loss named by its form (AUX_LOSS_FORMS), one
+ep_balancedness (docs/routing-metrics.md). Together with tests/app/test_balance_surfaces_app.py (the app's
+pages: Load & collapse, Routing and Playground on the same kind of model, Learn and Deployment on the samples)
+this is the cross-surface check; tests/app/test_app_balance_table.py checks the Load page's whole table.
 """
 
 from __future__ import annotations
@@ -211,6 +214,28 @@ def test_load_chart_draws_the_dropped_slots(surfaces):
                 assert "dropped" not in bars.index
 
 
+# ---- the playground and Learn replay the library's losses -------------------------------------------------
+def test_playground_and_learn_replays_are_the_library_losses(surfaces):
+    """The playground's re-routing (`moeviz.analysis.reroute`) of each captured layer, under the settings that
+    reproduce it, and the per-expert terms Learn and the playground draw (`aux_terms`): the dispatched form
+    of the library (`loss_frame`), on layers that drop slots; replayed without the capacity, the top-k
+    form."""
+    from moeviz.analysis.reroute import RerouteSettings, aux_terms, reroute
+
+    losses = loss_frame(surfaces.trace).set_index(["site", "layer"])
+    experts = surfaces.experts
+    assert (surfaces.balance["dropped"] > 0).any()
+    for routing in surfaces.trace.layers:
+        want = losses.loc[(routing.site, routing.layer)]
+        replayed = reroute(routing, RerouteSettings.captured(routing))
+        assert replayed.captured_aux_loss_dispatched == pytest.approx(want["aux_loss_dispatched"], rel=1e-12)
+        assert aux_terms(routing)["term"].sum() == pytest.approx(want["aux_loss_dispatched"], rel=1e-12)
+        # without the capacity the replay dispatches the plain top-k: its dispatched form is the top-k form
+        assert replayed.aux_loss_dispatched == pytest.approx(want["aux_loss_topk"], rel=1e-12)
+        mine = experts[(experts["layer"] == routing.layer) & (experts["site"] == routing.site)]
+        np.testing.assert_array_equal(replayed.load_rows(captured=True)["count"], mine["count"])
+
+
 # ---- the expert-parallel what-if and the Lab say the same --------------------------------------------
 def _whatif_ep_json(surfaces) -> dict:
     stdout = io.StringIO()
@@ -259,37 +284,72 @@ def test_whatif_ep_contiguous_is_report_devices(surfaces):
 
 def test_lab_history_is_the_library_balance(monkeypatch):
     """The Lab's history: load entropy normalised as `load_entropy` (not nats), the aux loss it trains on
-    named by its form and equal to `aux_loss_megatron` of the step's router probabilities."""
+    named by its form and equal to `aux_loss_megatron` of the step's router probabilities, its z-loss the
+    library's `z_loss` of the step's router logits, and the dead experts of the last LOAD_WINDOW steps the
+    library's per-layer `dead_experts` of the window's load, summed over the layers (a name of its own)."""
     from dataclasses import replace
 
-    from moeviz.analysis.balance import load_entropy
-    from moeviz.analysis.losses import aux_loss_megatron
-    from moeviz.lab import LabConfig, LabRun
-    from moeviz.lab.train import HISTORY_COLUMNS, LabRouter
+    import torch
 
-    seen = []
+    from moeviz.analysis.balance import balance_indicators, load_entropy
+    from moeviz.analysis.losses import aux_loss_megatron, z_loss
+    from moeviz.lab import LabConfig, LabRun
+    from moeviz.lab.train import BIAS_NAME, HISTORY_COLUMNS, LOAD_WINDOW, LabRouter
+
+    seen = []  # per training forward of a router: (logits [N, E], probabilities [N, E])
     forward = LabRouter.forward
 
     def recording(self, hidden_states):
         out = forward(self, hidden_states)
         if self.lab_record is not None:
-            seen.append(self.lab_record[1].detach().numpy().copy())  # the step's probabilities [N, E]
+            logits, probs = self.lab_record[:2]
+            seen.append((logits.detach().numpy().copy(), probs.detach().numpy().copy()))
         return out
 
     monkeypatch.setattr(LabRouter, "forward", recording)
+    steps = LOAD_WINDOW + 2  # the window full, then sliding
     config = replace(
-        LabConfig(), experts=4, k=2, d_model=16, layers=2, batch=2, seq=16, steps=1, eval_every=5
+        LabConfig(),
+        experts=4,
+        k=2,
+        d_model=16,
+        layers=2,
+        batch=2,
+        seq=16,
+        steps=steps,
+        eval_every=5,
+        capacity_factor=1.0,  # drops: the window's loads are the kept slots
+        router_noise=0.5,  # logits of some size: z_loss far from 0
+        bias_rate=1e-6,  # a selection bias, set below so that expert 0 of layer 0 is never chosen
     )
     run = LabRun(config)
-    row = run.step()
+    with torch.no_grad():
+        getattr(run.routers[0], BIAS_NAME)[0] = -10.0  # probabilities are in [0, 1]: a dead expert
+    rows = [run.step() for _ in range(steps)]
     assert "aux_loss" not in HISTORY_COLUMNS and "aux_loss_megatron" in HISTORY_COLUMNS
-    assert len(seen) == config.layers
-    want = np.mean([aux_loss_megatron(probs, config.k) for probs in seen])
-    assert row["aux_loss_megatron"] == pytest.approx(want, rel=1e-5)
+    assert {"z_loss", "dead_experts_window_sum"} <= set(HISTORY_COLUMNS)
+    assert len(seen) == config.layers * steps
     loads = run.load_history()
-    shares = loads.sort_values(["layer", "expert"])["load"].to_numpy().reshape(config.layers, config.experts)
-    assert row["load_entropy"] == pytest.approx(float(np.mean(load_entropy(shares))), rel=1e-9)
-    assert 0 <= row["load_entropy"] <= 1
+    slots = config.batch * config.seq * config.k
+    for step, row in enumerate(rows, start=1):
+        mine = seen[(step - 1) * config.layers : step * config.layers]
+        want = np.mean([aux_loss_megatron(probs, config.k) for _, probs in mine])
+        assert row["aux_loss_megatron"] == pytest.approx(want, rel=1e-5)
+        # torch's float32 logsumexp² against the library's (float32 logsumexp, float64 square and mean)
+        assert row["z_loss"] == pytest.approx(np.mean([z_loss(logits) for logits, _ in mine]), rel=1e-5)
+        at = loads[loads["step"] == step].sort_values(["layer", "expert"])
+        shares = at["load"].to_numpy().reshape(config.layers, config.experts)
+        assert row["load_entropy"] == pytest.approx(float(np.mean(load_entropy(shares))), rel=1e-9)
+        assert 0 <= row["load_entropy"] <= 1
+        window = loads[(loads["step"] > step - LOAD_WINDOW) & (loads["step"] <= step)]
+        counts = np.rint(window.groupby(["layer", "expert"])["load"].sum().to_numpy() * slots).reshape(
+            config.layers, config.experts
+        )
+        tokens = config.batch * config.seq * window["step"].nunique()
+        dead = balance_indicators(counts, tokens, config.k, ("dead_experts",))["dead_experts"]
+        assert row["dead_experts_window_sum"] == int(dead.sum())
+    assert rows[-1]["z_loss"] > 0
+    assert all(row["dead_experts_window_sum"] >= 1 for row in rows)  # the case under test: a dead expert
 
 
 # ---- one vocabulary -------------------------------------------------------------------------------------
@@ -318,3 +378,7 @@ def test_every_surface_names_balance_by_the_vocabulary(surfaces):
                 assert key in ("load_entropy", "load_entropy_nats"), (surface, key)
             if "balancedness" in key:
                 assert key in ("ep_balancedness", "ep_balancedness_over_layers"), (surface, key)
+    # the Lab says the library's z-loss by its name, and gives its own dead-expert count (a window, summed
+    # over layers) a name of its own: `dead_experts` is the library's per-layer count
+    lab = names["lab history"] | names["lab charts"]
+    assert "z_loss" in names["lab history"] and not lab & {"router_z", "dead_experts"}

@@ -7,23 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.allowlist import SECRET, make_roots, model_copier
-from tests.support.app import app_test_env
+from tests.support.allowlist import SECRET, allowlist_fixtures
 
-
-@pytest.fixture(autouse=True)
-def _app_env(monkeypatch):
-    app_test_env(monkeypatch)
-
-
-@pytest.fixture
-def roots(tmp_path, monkeypatch):
-    return make_roots(tmp_path, monkeypatch)
-
-
-@pytest.fixture
-def model_in(tiny_model_dir):
-    return model_copier(tiny_model_dir)
+_app_env, roots, model_in = allowlist_fixtures()
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "config.json", "tokenizer.json"])

@@ -48,7 +48,7 @@ def test_dense_run_has_one_expert_doing_everything():
     loads = run.load_history()
     assert loads["load"].eq(1.0).all() and set(loads["expert"]) == {0}
     assert history["aux_loss_megatron"].eq(1.0).all()  # E · f · P = 1 for one expert: no gradient
-    assert not history["collapsed"].any() and history["dead_experts"].eq(0).all()
+    assert not history["collapsed"].any() and history["dead_experts_window_sum"].eq(0).all()
     assert np.isfinite(history["train_loss"]).all()
 
 

@@ -1,10 +1,16 @@
 """The allowed folders of the hardening tests (`MOEVIZ_MODEL_DIRS`, `MOEVIZ_STORE_DIRS`): an allowed folder
-and one outside it holding a secret file, and copies of a tiny model to put in either."""
+and one outside it holding a secret file, and copies of a tiny model to put in either; `allowlist_fixtures`
+gives a test module all three as fixtures (tests/models/test_hardening_allowlist.py,
+tests/app/test_allowlist_pages.py)."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+
+import pytest
+
+from tests.support.app import app_test_env
 
 SECRET = "hunter2-SECRET-TOKEN"
 
@@ -27,3 +33,23 @@ def model_copier(tiny_model_dir):
         return shutil.copytree(tiny_model_dir("mixtral"), parent / name)
 
     return make
+
+
+def allowlist_fixtures():
+    """The fixtures of a test module on the allowed folders, bound by name in the module
+    (`_app_env, roots, model_in = allowlist_fixtures()`): `_app_env` (autouse: the app's environment,
+    `app_test_env`), `roots` (`make_roots`: (allowed, outside)) and `model_in` (`model_copier`)."""
+
+    @pytest.fixture(autouse=True)
+    def _app_env(monkeypatch):
+        app_test_env(monkeypatch)
+
+    @pytest.fixture
+    def roots(tmp_path, monkeypatch):
+        return make_roots(tmp_path, monkeypatch)
+
+    @pytest.fixture
+    def model_in(tiny_model_dir):
+        return model_copier(tiny_model_dir)
+
+    return _app_env, roots, model_in

@@ -30,6 +30,39 @@ def app_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(APP_DIR))
 
 
+def sample_page_fixtures(model: str):
+    """The fixtures of a page test on one model, bound by name in the module (`_app_env, loaded =
+    sample_page_fixtures(MODEL)`): `_app_env` (autouse: `app_test_env`) and `loaded` (`moeviz.load_model(
+    model)`, once for the module: what the test computes apart from the app)."""
+
+    @pytest.fixture(autouse=True)
+    def _app_env(monkeypatch):
+        app_test_env(monkeypatch)
+
+    @pytest.fixture(scope="module")
+    def loaded():
+        import moeviz
+
+        return moeviz.load_model(model)
+
+    return _app_env, loaded
+
+
+def local_switch_model(tiny_model_dir, monkeypatch: pytest.MonkeyPatch, capacity: int) -> Path:
+    """A tiny Switch-style model whose expert capacity (`capacity` tokens per expert and sequence) drops
+    slots, with the mixtral sample's BPE tokenizer (so the model gets its 2,048-id vocabulary too), set up as
+    the app's default model: a local folder in an allowed root, in the environment of `app_test_env`."""
+    import shutil
+
+    folder = tiny_model_dir("switch_transformers", expert_capacity=capacity, vocab_size=2048)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(REPO / "sample_models" / "mixtral-healthy" / name, folder / name)
+    app_test_env(monkeypatch)
+    monkeypatch.setenv("MOEVIZ_DEFAULT_MODEL", str(folder))  # opened as a local folder ...
+    monkeypatch.setenv("MOEVIZ_MODEL_DIRS", str(folder.parent))  # ... from an allowed root
+    return folder
+
+
 def run_page(page: str, timeout_s: float = 60, **state) -> AppTest:
     """Run the app's `page` (Streamlit AppTest) with `state` set in its session first; asserts that it
     raised no exception and showed no error."""

@@ -21,9 +21,9 @@ def history() -> pd.DataFrame:
             "train_loss": 8.0 - 0.3 * step,
             "heldout_loss": np.where(step % 4 == 0, 8.2 - 0.3 * step, np.nan),
             "aux_loss_megatron": 1.0 + 0.01 * step,
-            "router_z": 0.5 * step,
+            "z_loss": 0.5 * step,
             "load_entropy": np.linspace(1.0, 0.2, STEPS),
-            "dead_experts": np.minimum(step // 3, EXPERTS - 1),
+            "dead_experts_window_sum": np.minimum(step // 3, EXPERTS - 1),
             "collapsed": step >= 9,
         }
     )
@@ -70,3 +70,19 @@ def test_metric_charts(metric: str) -> None:
     assert rules(spec) == [9]
     with pytest.raises(ValueError, match="unknown lab metric"):
         charts.lab_metric_chart(frame, "nope")
+
+
+def test_an_aux_loss_curve_says_the_balanced_value_of_its_form(monkeypatch) -> None:
+    """The balanced value under the Megatron-form curve comes from the one table of forms, not the chart."""
+    import dataclasses
+
+    from moeviz.analysis import losses
+
+    def subtitle() -> str:
+        return charts.lab_metric_chart(history(), "aux_loss_megatron").to_dict()["title"]["subtitle"]
+
+    balanced = losses.AUX_LOSS_FORMS["aux_loss_megatron"].balanced
+    assert subtitle() == f"{balanced} = even load" == "1 = even load"
+    form = dataclasses.replace(losses.AUX_LOSS_FORMS["aux_loss_megatron"], balanced="k")
+    monkeypatch.setitem(losses.AUX_LOSS_FORMS, "aux_loss_megatron", form)
+    assert subtitle() == "k = even load"
