@@ -18,6 +18,7 @@ page = st.navigation(
             st.Page("pages/structure.py", title="Structure", icon=":material/hub:"),
             st.Page("pages/attention.py", title="Attention", icon=":material/visibility:"),
             st.Page("pages/compare.py", title="Compare", icon=":material/compare_arrows:"),
+            st.Page("pages/engines.py", title="Engines", icon=":material/compare:"),
             st.Page("pages/about.py", title="About the model", icon=":material/info:"),
             st.Page("pages/why.py", title="Why this expert?", icon=":material/help:"),
             st.Page("pages/checkpoints.py", title="Checkpoints", icon=":material/timeline:"),

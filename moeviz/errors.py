@@ -68,3 +68,9 @@ class CaptureError(MoevizError):
 
 class TraceFormatError(MoevizError):
     """A file is not a moeviz trace, or was written by an incompatible version."""
+
+
+class EngineFormatError(MoevizError):
+    """A file of engine routing (`moeviz import`) is not what its format's engine writes, or encodes routing
+    that cannot be real (a token without exactly k distinct experts in [0, E), a shape the model's config
+    contradicts, token ids that do not match its rows)."""

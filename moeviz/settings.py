@@ -16,6 +16,7 @@ SETTINGS_HELP = {
     "MOEVIZ_DEFAULT_MODEL": "the model the app opens first (a `sample:NAME` or a folder)",
     "MOEVIZ_SAMPLE_MODELS": "where the bundled sample models live (default: the installed sample_models/)",
     "MOEVIZ_LAB_MAX_RUNS": "lab trainings the server runs at once (a positive integer; default 2)",
+    "MOEVIZ_VLLM_PYTHON": "the python of the vLLM environment live captures run in (default: .venv-vllm)",
 }
 
 
@@ -33,6 +34,7 @@ class Settings:
     default_model: str | None
     sample_models: Path | None
     lab_max_runs: int | None  # None: unset or not a positive integer (the lab's default applies)
+    vllm_python: Path | None = None  # None: the checkout's .venv-vllm (moeviz.engines.vllm)
 
 
 def current_settings() -> Settings:
@@ -40,12 +42,14 @@ def current_settings() -> Settings:
     env = os.environ
     default_model = env.get("MOEVIZ_DEFAULT_MODEL", "").strip()
     samples = env.get("MOEVIZ_SAMPLE_MODELS", "").strip()
+    vllm_python = env.get("MOEVIZ_VLLM_PYTHON", "").strip()
     return Settings(
         model_dirs=_roots(env.get("MOEVIZ_MODEL_DIRS", "")),
         store_dirs=_roots(env.get("MOEVIZ_STORE_DIRS", "")),
         default_model=default_model or None,
         sample_models=Path(samples).expanduser() if samples else None,
         lab_max_runs=_positive_int(env.get("MOEVIZ_LAB_MAX_RUNS", "")),
+        vllm_python=Path(vllm_python).expanduser() if vllm_python else None,
     )
 
 

@@ -22,7 +22,7 @@ echo "== build the wheel from a clean copy of the tree (no stale build/)"
 "$PY" - "$REPO" "$WORK/src" <<'EOF'
 import shutil, sys
 shutil.copytree(sys.argv[1], sys.argv[2], ignore=shutil.ignore_patterns(
-    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "docs", "benchmarks"))
+    ".git", ".venv", ".venv-vllm", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "docs", "benchmarks"))
 EOF
 "$PY" -m pip wheel --no-deps -q -w "$WORK/dist" "$WORK/src"
 WHEEL=$(ls "$WORK"/dist/moeviz-*.whl)

@@ -15,7 +15,10 @@ from `moeviz`. One module per concern:
 - `pickers`: model, layer, token and head pickers.
 - `expert_axis`: the expert axis of every per-expert view (sort, top-N filter and the expert picker at
   scale) and the views it chooses between.
-- `prompt`: the prompt form, prompt files, and the prompt-or-corpus choice.
+- `prompt`: the prompt form and prompt files.
+- `routing_files`: routing files (a trace or a load table) typed as a path or uploaded, read and cached.
+- `page_input`: a page's input, shared by the pages: the model on the prompt (or corpus) or a routing
+  file, and what a file lacks (scores, ranked slots, tokens) said once.
 - `exports`: charts with their downloads, table downloads, routing-table files.
 - `corpus_store`, `checkpoint_store`: the stores the Corpus and Checkpoints pages build and query.
 - `deployment`: the Deployment page's routes and cached what-if results.

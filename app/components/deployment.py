@@ -1,5 +1,6 @@
 """The Deployment page's building blocks: the routing the simulators replay, and the simulators' results
-cached per (model key, input, settings). No model math here: every number comes from `moeviz.whatif`."""
+cached per (model key, input, settings); an engine's expert counts (a load table, `ExpertLoad`) replayed by
+the expert-parallel what-if alone. No model math here: every number comes from `moeviz.whatif`."""
 
 from __future__ import annotations
 
@@ -14,8 +15,16 @@ from components.docs import deployment_section
 from components.errors import stop_on_error
 from components.widgets import toggle
 from moeviz.store import StoreQuery
+from moeviz.trace import ExpertLoad
 from moeviz.whatif.capacity import replay_capacity
-from moeviz.whatif.ep import EPConfig, fit_placement, simulate_ep
+from moeviz.whatif.ep import (
+    EPConfig,
+    fit_placement,
+    fit_placement_counts,
+    simulate_ep,
+    simulate_ep_load,
+    split_load_steps,
+)
 from moeviz.whatif.model_size import (
     KNOWN_MODELS,
     ModelSize,
@@ -111,6 +120,30 @@ def ep_whatif(source: str, input_key: str, _routes: Routes, settings: tuple, fit
         fit, rest, how = _routes.split()
         return simulate_ep(rest, plain), simulate_ep(rest, config, fit_placement(fit, config)), how
     return simulate_ep(_routes, plain), simulate_ep(_routes, config), ""
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def ep_load_whatif(input_key: str, _load: ExpertLoad, settings: tuple, fit_on_part: bool, groups: int):
+    """(before, after, how) of a load table (`simulate_ep_load`: GPU loads and balancedness from the counts,
+    no traffic), as `ep_whatif`: with `fit_on_part` the placement is fitted on the first half of the table's
+    steps and both are judged on the rest. `groups`: the router's n_group (EPLB's hierarchy)."""
+    config = EPConfig(**dict(settings))
+    plain = dataclasses.replace(config, placement="contiguous", redundant=0)
+    if fit_on_part:
+        fit, rest, how = split_load_steps(_load, 0.5)
+        placement = fit_placement_counts(
+            fit.layer_counts(),
+            list(fit.layers),
+            config,
+            groups=groups,
+            fitted_on=f"{len(fit.steps)} steps of {_load.model.source}",
+        )
+        return (
+            simulate_ep_load(rest, plain, groups=groups),
+            simulate_ep_load(rest, config, placement, groups=groups),
+            how,
+        )
+    return simulate_ep_load(_load, plain, groups=groups), simulate_ep_load(_load, config, groups=groups), ""
 
 
 @st.cache_data(show_spinner=False, max_entries=64)

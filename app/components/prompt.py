@@ -1,13 +1,9 @@
-"""The prompt: the same form on every page (typed or from a text file), kept across page switches, and the
-choice between the prompt and the sample evaluation corpus."""
+"""The prompt: the same form on every page (typed or from a text file), kept across page switches. The choice
+between the prompt, the evaluation corpus and a routing file is `page_input`'s."""
 
 from __future__ import annotations
 
 import streamlit as st
-
-import moeviz
-from components import caches
-from components.widgets import toggle
 
 EXAMPLE_PROMPT = (
     "The for statement is used to iterate over the elements of a sequence (such as a string, tuple or list)."
@@ -107,15 +103,3 @@ def prompt_form() -> str:
     if "prompt_error" in st.session_state:
         st.error(st.session_state["prompt_error"])
     return st.session_state["prompt"]
-
-
-def prompt_or_corpus_trace(source: str) -> moeviz.Trace:
-    """A toggle between the prompt (with its form) and the evaluation corpus; the chosen trace."""
-    corpus = toggle(
-        "Use the evaluation corpus (all domains) instead of the prompt",
-        "use_corpus",
-        help="8 windows of 256 tokens from each domain of sample_models/eval: enough for the verdicts.",
-    )
-    if corpus:
-        return caches.corpus_trace(source)
-    return caches.load_or_stop(source, prompt_form())

@@ -1,7 +1,8 @@
-"""About the model: the architecture facts the loaded model and its trace know."""
+"""About the model: the architecture facts the loaded model and its trace know — or, for a routing file, the
+routing facts the file records."""
 
 import streamlit as st
-from components import caches, exports, load_options, pickers, prompt
+from components import caches, exports, load_options, page_input, pickers
 from components.scale import trace_at_scale
 
 from moeviz.architecture import bias_frame, layer_facts_frame, parameter_summary
@@ -10,10 +11,46 @@ from moeviz.models.memory import format_bytes
 
 st.title("About the model")
 source = pickers.model_picker()
-trace = caches.load_or_stop(source, prompt.current_prompt())
+chosen = page_input.page_input(source, form=False)
+trace = page_input.trace_or_stop(chosen, "the routing of each MoE layer (per-token routing)")
 info = trace.model
 facts = layer_facts_frame(trace)
 first = facts.iloc[0] if len(facts) else None
+
+
+def file_facts() -> None:
+    """A routing file's facts: the model it names, its MoE layers and what it records of each."""
+    st.caption(f"{info.architecture} ({info.model_type}) · {info.source} · {chosen.label}")
+    a, b, c, d = st.columns(4)
+    a.metric("Layers", info.num_layers, help="Transformer blocks of the model the file names")
+    b.metric("MoE layers", len(facts), help="Layers the file holds routing of")
+    c.metric("Routed experts", int(first["experts"]) if first is not None else "?")
+    d.metric("Top-k", int(first["top_k"]) if first is not None else "?")
+    st.caption(
+        "Parameters, precision and memory are facts of a loaded model: choose this model on the prompt "
+        "(above) to see the sidebar model's."
+    )
+    st.subheader("MoE layers")
+    recorded = facts.assign(
+        router_scores=[r.has_logits for r in trace.layers],
+        weights=[r.has_weights for r in trace.layers],
+        ranked=[r.ranked for r in trace.layers],
+    )
+    st.dataframe(recorded, hide_index=True)
+    st.caption(
+        "decision_source: where the routing came from (an import format, or how moeviz captured it); "
+        "router_scores, weights: whether the file records the router's logits and the combination weights "
+        "(an engine import often records only the chosen experts); ranked: whether slot 0 is the top choice "
+        "(False: each token's experts in id order)."
+    )
+    exports.table_downloads(recorded, "moe_layers")
+    if bias_frame(trace).empty:
+        st.caption("The file records no balancing bias.")
+
+
+if chosen.from_file:
+    file_facts()
+    st.stop()
 loaded = caches.get_model(source)
 params = parameter_summary(
     loaded.model,

@@ -1,7 +1,7 @@
 """Attention: per-head summaries per layer, one head's map over a visible window, the KV-cache what-if."""
 
 import streamlit as st
-from components import caches, exports, pickers, prompt, widgets
+from components import caches, exports, page_input, pickers, prompt, widgets
 
 from moeviz.charts import (
     HEAD_METRICS,
@@ -17,6 +17,7 @@ WINDOW_SIZES = [16, 32, 64, 128]  # query rows (and key columns) of the visible 
 
 st.title("Attention")
 source = pickers.model_picker()
+page_input.runs_the_model("Attention")  # a routing file chosen elsewhere: said, not used
 text = prompt.prompt_form()
 trace = caches.load_or_stop(source, text)
 att = caches.get_attention(source, text)

@@ -1,7 +1,7 @@
 """Compare: two models or checkpoints on the same text, side by side and as differences."""
 
 import streamlit as st
-from components import access, caches, expert_axis, exports, load_options, pickers, prompt
+from components import access, caches, expert_axis, exports, load_options, page_input, pickers, prompt
 
 from moeviz.analysis import (
     expert_balance_frame,
@@ -49,6 +49,7 @@ if UNRELATED:
         "still means something: each model's own load balance (the two heatmaps, read separately).",
         icon=":material/warning:",
     )
+page_input.runs_the_model("Compare")  # a routing file chosen elsewhere: said, not used
 text = prompt.prompt_form()
 trace_a = caches.load_or_stop(source_a, text)
 trace_b = caches.load_or_stop(source_b, text)

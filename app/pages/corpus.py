@@ -74,8 +74,7 @@ spec = query.domain_specialisation()
 shown = filter_experts(spec, axis.shown)
 chart = expert_axis.sort_axis(domain_specialisation_heatmap(shown), axis.shown, "x")
 exports.show_chart(exports.many_marks(chart, len(shown)), "corpus_specialisation")
-if axis.at_scale:
-    st.caption(f"{axis.shown_line()}; one panel per layer (choose layers above to show fewer).")
+expert_axis.caption_shown(axis, more="; one panel per layer (choose layers above to show fewer)")
 st.caption("How much more often each expert is chosen for a domain's tokens than chance (lift = DS / (k/E)).")
 exports.table_downloads(spec, "corpus_domain_specialisation")
 

@@ -1,11 +1,13 @@
 """Deployment what-ifs: what the routing would cost under expert parallelism, expert offloading, capacity
-limits and quantisation, and how big the model is. Every number comes from `moeviz.whatif`."""
+limits and quantisation, and how big the model is — replayed from the model on text, a routing file or a
+store run (an engine's expert counts: the expert-parallel what-if alone). Every number comes from
+`moeviz.whatif`."""
 
 import dataclasses
 
 import pandas as pd
 import streamlit as st
-from components import caches, deployment, exports, pickers, prompt
+from components import caches, deployment, exports, page_input, pickers, prompt
 from components.errors import stop_on_error
 
 import moeviz
@@ -44,37 +46,146 @@ def divisors(n: int) -> list[int]:
 
 st.title("Deployment what-ifs")
 source = pickers.model_picker()
-trace = prompt.prompt_or_corpus_trace(source)
+chosen = page_input.page_input(source, corpus=True)
 text = prompt.current_prompt()
-on_corpus = bool(st.session_state.get("use_corpus"))
+on_prompt = not chosen.from_file and not chosen.is_corpus  # the quantisation flips open on the Why page then
 loaded = caches.get_model(source)
 stored = deployment.store_run(source)
+load_table = None  # an engine's expert counts: the EP what-if replays them, the other simulators need tokens
 with stop_on_error():
     if stored is not None:
         routes, input_key = stored
         replayed = f"the store run {routes.model} ({', '.join(routes.notes)})"
+    elif chosen.is_load:
+        routes, load_table, input_key = None, chosen.routing, chosen.input_key
+        replayed = chosen.label
     else:
-        input_key = "corpus" if on_corpus else text
-        routes = deployment.routes(source, input_key, trace)
-        replayed = "the evaluation corpus" if on_corpus else "the prompt"
+        input_key = chosen.input_key
+        routes = deployment.routes(source, input_key, chosen.routing)
+        replayed = chosen.label
     size, expert_flops = deployment.model_facts(source, loaded)
-first = routes.layers[0]
-experts, k = first.num_experts, first.k
-st.caption(
-    f"{trace.model.architecture} · {routes.tokens} tokens in {routes.sequences} sequence(s) · "
-    f"{len(routes.layers)} MoE layers · {experts} experts, top-{k} · replayed from {replayed}"
-)
-if stored is not None:
+if load_table is not None:
+    experts, k = load_table.num_experts, load_table.top_k
     st.caption(
-        "Hidden size, expert bytes and FLOPs are the sidebar model's: choose the model the store was traced "
-        "with."
+        f"{load_table.model.architecture} · a load table of {load_table.counts.shape[0]} step(s) · "
+        f"{len(load_table.layers)} MoE layers · {experts} experts, top-{k} · replayed from {replayed}"
     )
+else:
+    first = routes.layers[0]
+    experts, k = first.num_experts, first.k
+    st.caption(
+        f"{chosen.routing.model.architecture} · {routes.tokens} tokens in {routes.sequences} sequence(s) · "
+        f"{len(routes.layers)} MoE layers · {experts} experts, top-{k} · replayed from {replayed}"
+    )
+if load_table is None and (stored is not None or chosen.from_file):
+    replayed_kind = "store was traced with" if stored is not None else "routing file was taken from"
+    model_experts = sorted({site.num_experts for site in loaded.sites})
+    sizes = "hidden size, expert bytes and FLOPs are the sidebar model's"
+    if experts not in model_experts:  # the sizes below are of another model
+        st.warning(
+            f"The {'store run' if stored is not None else 'routing file'} routes over {experts} experts, the "
+            f"sidebar model over {', '.join(map(str, model_experts))}: {sizes}, so choose the model the "
+            f"{replayed_kind}.",
+            icon=":material/warning:",
+        )
+    else:
+        st.caption(f"{sizes.capitalize()}: choose the model the {replayed_kind}.")
+NEEDS_TOKENS = (
+    "needs each token's experts: a load table has expert counts only (Expert parallelism replays them)"
+)
 
 ep_tab, offload_tab, capacity_tab, quant_tab, size_tab = st.tabs(
     TABS, key="deployment_tab", on_change="rerun"
 )
 
-if ep_tab.open is not False:
+if ep_tab.open is not False and load_table is not None:
+    with ep_tab:
+        a, b, c, d = st.columns(4)
+        gpus = a.selectbox("GPUs", divisors(experts), index=min(2, len(divisors(experts)) - 1), key="ep_gpus")
+        per_node_options = divisors(gpus)
+        gpus_per_node = b.selectbox(
+            "GPUs per node", per_node_options, index=max(0, len(per_node_options) - 2), key="ep_gpus_per_node"
+        )
+        placement = c.selectbox(
+            "Placement",
+            ["contiguous", "eplb"],
+            index=1,
+            key="ep_load_placement",
+            help="contiguous: expert e on GPU e // (E/G); eplb: DeepSeek's EPLB rebalance_experts on the "
+            "counts. (traffic needs which experts tokens choose together: per-token routing.)",
+        )
+        redundant = d.selectbox(
+            "Redundant slots",
+            [gpus * i for i in range(0, max(experts // gpus, 1) + 1)] if placement != "contiguous" else [0],
+            key="ep_redundant",
+            help="Extra expert copies, a multiple of the GPU count (as EPLB requires); none for contiguous",
+        )
+        fit_on_part = st.toggle(
+            "Fit on one part",
+            key="ep_fit_on_part",
+            help="Fit the placement on the first half of the load table's steps and judge it on the rest",
+        )
+        # EPLB's hierarchy uses the router's groups: the sidebar model's, when it routes over as many experts
+        sites = [site for site in loaded.sites if site.num_experts == experts]
+        groups = (sites[0].n_group or 1) if sites else 1
+        ep_result = None
+        try:
+            config = EPConfig(
+                gpus=gpus, gpus_per_node=gpus_per_node, redundant=redundant, placement=placement
+            )
+            with st.spinner("Placing the experts on the deployment…"):
+                ep_result = deployment.ep_load_whatif(
+                    input_key, load_table, tuple(dataclasses.asdict(config).items()), fit_on_part, groups
+                )
+        except moeviz.MoevizError as exc:
+            st.error(str(exc))
+        if ep_result is not None:
+            before, after, how = ep_result
+            st.metric(
+                "ep_balancedness_over_layers",
+                f"{after.ep_balancedness_over_layers:.3f}",
+                delta=f"contiguous: {before.ep_balancedness_over_layers:.3f}",
+                delta_color="off",
+                delta_arrow="off",
+                help="vLLM's Σ_l mean_g load / Σ_l max_g load (1 = every GPU equally loaded)",
+            )
+            st.caption(
+                "From the expert counts alone: which GPU each expert's tokens land on and how evenly. The "
+                "All-to-All bytes, times and communication share need each token's set of experts, which a "
+                "load table does not have." + (f" The {placement} placement was {how}." if how else "")
+            )
+            left, right = st.columns(2)
+            with left:
+                exports.show_chart(
+                    gpu_load_heatmap(before.gpu_load_frame(), title="Before: contiguous, no copies"),
+                    "ep_load_before",
+                )
+            with right:
+                exports.show_chart(
+                    gpu_load_heatmap(
+                        after.gpu_load_frame(), title=f"After: {placement}, {redundant} redundant"
+                    ),
+                    "ep_load_after",
+                )
+            both = pd.concat(
+                [
+                    before.layers_frame().assign(placement="contiguous"),
+                    after.layers_frame().assign(placement=f"{placement} (+{redundant})"),
+                ]
+            )
+            exports.show_chart(balancedness_chart(both), "ep_balancedness")
+            layers = after.layers_frame()[["layer", "ep_balancedness", "max_gpu_load", "mean_gpu_load"]]
+            st.dataframe(layers, hide_index=True)
+            exports.table_downloads(layers, "ep_layers")
+            deployment.definitions("Expert parallelism", after.definition)
+
+if load_table is not None:
+    for tab, what in ((offload_tab, "Offloading"), (capacity_tab, "The capacity replay")):
+        if tab.open is not False:
+            with tab:
+                st.info(f"{what} {NEEDS_TOKENS}.", icon=":material/table_chart:")
+
+if ep_tab.open is not False and load_table is None:
     with ep_tab:
         a, b, c, d = st.columns(4)
         gpus = a.selectbox("GPUs", divisors(experts), index=min(2, len(divisors(experts)) - 1), key="ep_gpus")
@@ -184,6 +295,11 @@ if ep_tab.open is not False:
                 )
             else:
                 st.caption(f"The {placement} placement was {how}; both heatmaps show the evaluation part.")
+            if replica == "vllm" and stored is None and not page_input.is_ranked(chosen.routing):
+                st.caption(
+                    f"{chosen.label} lists each token's experts in id order, not the router's: the vllm "
+                    "replica rule (a copy by slot) follows that order."
+                )
             left, right = st.columns(2)
             with left:
                 exports.show_chart(
@@ -215,7 +331,7 @@ if ep_tab.open is not False:
             exports.table_downloads(layers, "ep_layers")
             deployment.definitions("Expert parallelism", after.definition)
 
-if offload_tab.open is not False:
+if offload_tab.open is not False and routes is not None:
     with offload_tab:
         a, b, c, d = st.columns([3, 3, 2, 2])
         cache = a.slider(
@@ -265,10 +381,14 @@ if offload_tab.open is not False:
                 "Offloading",
                 *(f"{policy} — {result.definition}" for policy, result in results.items()),
             )
+
+if offload_tab.open is not False:
+    with offload_tab:
         st.subheader("Speculative prefetch")
         st.caption(
             "Apply layer ℓ+1's router to layer ℓ's hidden state and prefetch the experts it picks: how many "
-            "of the experts layer ℓ+1 really chose it finds. Runs the model on the prompt."
+            "of the experts layer ℓ+1 really chose it finds. Runs the model on the prompt"
+            + (", not the routing file." if chosen.from_file else ".")
         )
         prefetched = st.session_state.setdefault(PREFETCH, {})
         if st.button("Measure the prefetch recall", key="prefetch_run", icon=":material/play_arrow:"):
@@ -280,7 +400,10 @@ if offload_tab.open is not False:
             st.dataframe(recall, hide_index=True)
             exports.table_downloads(recall, "prefetch_recall")
 
-if capacity_tab.open is not False:
+# routing without combination weights (an engine import) cannot keep an over-full expert's largest weights
+weightless = stored is None and load_table is None and not all(r.has_weights for r in chosen.routing.layers)
+
+if capacity_tab.open is not False and routes is not None:
     with capacity_tab:
         a, b, c = st.columns([2, 1, 1])
         cfs = a.multiselect(
@@ -288,10 +411,11 @@ if capacity_tab.open is not False:
         )
         drop_policy = b.selectbox(
             "Drop policy",
-            DROP_POLICIES,
+            ["position"] if weightless else DROP_POLICIES,
             key="capacity_policy",
             help="probs: keep the C largest combination weights (Megatron's default); position: keep the "
-            "first C arrivals",
+            "first C arrivals"
+            + ("; the routing file has no weights, so position only" if weightless else ""),
         )
         exact = c.toggle(
             "Exact rounding",
@@ -320,6 +444,7 @@ if quant_tab.open is not False:
         st.caption(
             "Run the prompt through the model and through a copy with fake-quantised weights, and compare "
             "which experts each token is sent to. The shared model is never changed."
+            + (" It runs the model, so it uses the prompt, not the routing file." if chosen.from_file else "")
         )
         a, b = st.columns(2)
         dtype = a.selectbox("Format", DTYPES, key="quant_dtype")
@@ -374,7 +499,7 @@ if quant_tab.open is not False:
                 pick = st.selectbox("See a flipped token's scores", list(labels), key="quant_flip_pick")
 
                 def open_on(layer: int, seq: int, pos: int) -> None:
-                    options = {key: label for label, key in token_options(trace.tokens).items()}
+                    options = {key: label for label, key in token_options(chosen.routing.tokens).items()}
                     st.session_state["layer"] = str(layer)
                     st.session_state["token"] = options.get((seq, pos), st.session_state.get("token"))
                     pickers.open_why_on(seq, pos)
@@ -386,8 +511,11 @@ if quant_tab.open is not False:
                     icon=":material/help:",
                     on_click=open_on,
                     args=labels[pick],
-                    disabled=on_corpus,
-                    help="The Why page explains the prompt (turn the corpus off)" if on_corpus else None,
+                    disabled=not on_prompt,
+                    help=None
+                    if on_prompt
+                    else "The Why page explains the prompt: choose this model on the "
+                    "prompt above (not the corpus or a routing file)",
                 )
                 if st.session_state.pop("deployment_go_why", False):
                     st.switch_page("pages/why.py")

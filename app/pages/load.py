@@ -1,7 +1,8 @@
-"""Load and collapse: how evenly each layer spreads tokens over its experts, and the verdicts."""
+"""Load and collapse: how evenly each layer spreads tokens over its experts, and the verdicts — of the model
+on text, of a routing file, or of an engine's expert counts (a load table: `moeviz import` of counts)."""
 
 import streamlit as st
-from components import docs, expert_axis, exports, pickers, prompt
+from components import docs, expert_axis, exports, page_input, pickers
 
 from moeviz.analysis import (
     AUX_LOSS_FORMS,
@@ -14,12 +15,14 @@ from moeviz.analysis import (
     expert_balance_frame,
     loss_frame,
 )
-from moeviz.analysis.collapse import NOT_ENOUGH_TOKENS, STATUS_JUDGED, STATUS_TOO_FEW
+from moeviz.analysis.balance import load_balance_frame, load_expert_balance_frame
+from moeviz.analysis.collapse import NOT_ENOUGH_TOKENS, STATUS_JUDGED, STATUS_TOO_FEW, load_collapse_report
 from moeviz.charts import (
     aux_loss_chart,
     balance_chart,
     dead_hot_experts,
 )
+from moeviz.report import STEPS_ARE_SEQUENCES
 
 INDICATORS = {
     "load_entropy": "H(f) / log E, f_e = c_e / (kT) the share of all kT slots: 1 = even, 0 = one expert "
@@ -43,11 +46,43 @@ INDICATORS = {
 
 st.title("Load and collapse")
 source = pickers.model_picker()
-trace = prompt.prompt_or_corpus_trace(source)
-st.caption(f"{trace.model.architecture} · {len(trace.tokens)} tokens · {len(trace.layer_keys)} MoE layers")
+chosen = page_input.page_input(source, corpus=True)
+thresholds = CollapseThresholds()
+sequences = False  # a load table whose steps are sequences (MoE-Infinity's per-sequence matrices)
+if chosen.is_load:  # an engine's expert counts: every indicator and verdict from the counts, no tokens
+    load = chosen.routing
+    trace = None
+    sequences = load.source in STEPS_ARE_SEQUENCES  # as `moeviz report` judges them
+    st.caption(
+        f"{load.model.architecture} · a load table of {load.counts.shape[0]} step(s) · {len(load.layers)} "
+        f"MoE layers · {load.num_experts} experts, top-{load.top_k} · {chosen.label}"
+    )
+    st.caption(
+        "A load table counts each layer's experts without tokens: each layer's tokens T = Σ counts / k. The "
+        "balancing losses and z-loss need each token's router scores and are not shown; the verdicts apply "
+        "the load rules alone, and "
+        + (
+            "count each step as one sequence."
+            if sequences
+            else "take the tokens as independent (the table does not say which share a sequence), which can "
+            "call one text's uneven routing significant."
+        )
+    )
+    experts = load_expert_balance_frame(load)
+    balance = load_balance_frame(load)
+    report = load_collapse_report(load, thresholds, steps_are_sequences=sequences)
+else:
+    trace = chosen.routing
+    st.caption(
+        f"{trace.model.architecture} · {len(trace.tokens)} tokens · {len(trace.layer_keys)} MoE layers"
+        + (f" · {chosen.label}" if chosen.from_file else "")
+    )
+    page_input.not_shown(trace, scores="the balancing losses and z-loss")
+    experts = expert_balance_frame(trace)
+    balance = balance_frame(trace)
+    report = collapse_report(trace, thresholds)
 
-experts = expert_balance_frame(trace)
-axis = expert_axis.expert_axis(experts, lambda: coactivation_pair_counts(trace))
+axis = expert_axis.expert_axis(experts, None if trace is None else lambda: coactivation_pair_counts(trace))
 expert_axis.show_layer_expert_heatmap(
     experts, "utilisation", axis, "load_heatmap", "Load per layer and expert"
 )
@@ -59,7 +94,6 @@ st.caption(
 exports.table_downloads(experts, "expert_load")
 
 st.subheader("Balance per layer")
-balance = balance_frame(trace)
 metric = st.selectbox("Indicator", list(INDICATORS), key="balance_metric")
 exports.show_chart(balance_chart(balance, metric), "balance")
 st.caption(f"{INDICATORS[metric]} Dashed red tick = the value under perfectly uniform load.")
@@ -69,35 +103,36 @@ with st.expander("All indicators, explained"):
 st.dataframe(balance, hide_index=True)
 exports.table_downloads(balance, "balance")
 
-st.subheader("Balancing losses: aux loss and z-loss")
-losses = aux_loss_frame(loss_frame(trace))
-exports.show_chart(aux_loss_chart(losses), "aux_losses")
-st.caption(
-    "The balancing losses a trainer would add for this text, replayed from the captured router probabilities "
-    "P_e (mean over tokens) and loads f_e, unscaled (α = 1). Each `…_balanced` column is the loss under "
-    "perfectly even load (f_e = k/E for every expert, whatever P): 1 or k, the layer's experts per token. "
-    "Read: on the dashed line = load as even as the loss asks for; to the right = the busiest experts get "
-    "both the tokens and the probability, which the loss penalises (2 = twice its balanced value).\n"
-    + "".join(
-        f"\n- `{name}` — {form.description}; balanced value {form.balanced}."
-        for name, form in AUX_LOSS_FORMS.items()
+if trace is not None and page_input.has_scores(trace):  # the losses replay the router's probabilities
+    st.subheader("Balancing losses: aux loss and z-loss")
+    losses = aux_loss_frame(loss_frame(trace))
+    exports.show_chart(aux_loss_chart(losses), "aux_losses")
+    st.caption(
+        "The balancing losses a trainer would add for this text, replayed from the captured router "
+        "probabilities P_e (mean over tokens) and loads f_e, unscaled (α = 1). Each `…_balanced` column is "
+        "the loss under perfectly even load (f_e = k/E for every expert, whatever P): 1 or k, the layer's "
+        "experts per token. Read: on the dashed line = load as even as the loss asks for; to the right = the "
+        "busiest experts get both the tokens and the probability, which the loss penalises (2 = twice its "
+        "balanced value).\n"
+        + "".join(
+            f"\n- `{name}` — {form.description}; balanced value {form.balanced}."
+            for name, form in AUX_LOSS_FORMS.items()
+        )
+        + "\n- `z_loss` — ST-MoE router z-loss, mean_t (log Σ_e exp logit_te)²: the size of the router "
+        "logits, not their balance, so it has no balanced value (large = logits that make the softmax "
+        "brittle).\n\n"
+        'Definitions: docs/routing-metrics.md, "Balancing losses".'
     )
-    + "\n- `z_loss` — ST-MoE router z-loss, mean_t (log Σ_e exp logit_te)²: the size of the router logits, "
-    "not their balance, so it has no balanced value (large = logits that make the softmax brittle).\n\n"
-    'Definitions: docs/routing-metrics.md, "Balancing losses".'
-)
-st.dataframe(
-    losses,
-    hide_index=True,
-    column_config={
-        name: st.column_config.NumberColumn(name, format="%.4f") for name in (*AUX_LOSS_FORMS, "z_loss")
-    },
-)
-exports.table_downloads(losses, "balancing_losses")
+    st.dataframe(
+        losses,
+        hide_index=True,
+        column_config={
+            name: st.column_config.NumberColumn(name, format="%.4f") for name in (*AUX_LOSS_FORMS, "z_loss")
+        },
+    )
+    exports.table_downloads(losses, "balancing_losses")
 
 st.subheader("Collapse verdicts")
-thresholds = CollapseThresholds()
-report = collapse_report(trace, thresholds)
 verdicts = collapse_frame(report)
 judged = (verdicts["status"] == STATUS_JUDGED).any()
 st.markdown(
@@ -113,9 +148,14 @@ st.caption(
     f"{thresholds.warning_share_factor}× the fair share or entropy < {thresholds.warning_load_entropy}; "
     f"collapsed: {thresholds.collapsed_dead_fraction:.0%} dead, > {thresholds.collapsed_max_share:.0%} on "
     f"one expert or entropy < {thresholds.collapsed_load_entropy}) counts only when significant against "
-    f"uniform routing: p < α / (3 · layers), α = {thresholds.alpha:g} (column `alpha`). Tokens of one text "
-    f"are not independent (one text ≈ at most {1 / thresholds.token_correlation:g} effective tokens), so a "
-    f"layer with too few is *{NOT_ENOUGH_TOKENS}*."
+    f"uniform routing: p < α / (3 · layers), α = {thresholds.alpha:g} (column `alpha`)."
+    + (
+        ""  # a load table without sequences: its tokens are taken as independent (said above)
+        if trace is None and not sequences
+        else " Tokens of one text are not independent (one text ≈ at most "
+        f"{1 / thresholds.token_correlation:g} effective tokens), so a layer with too few is "
+        f"*{NOT_ENOUGH_TOKENS}*."
+    )
 )
 shown = verdicts.assign(status=verdicts["status"].replace({STATUS_TOO_FEW: NOT_ENOUGH_TOKENS}))
 # The reasons and notes are sentences: a table cell cuts them, so they are listed in full below it (one

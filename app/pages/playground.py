@@ -4,7 +4,7 @@ re-run the model with that routing forced. Every number comes from `moeviz.analy
 
 import pandas as pd
 import streamlit as st
-from components import caches, expert_axis, exports, pickers, prompt
+from components import caches, expert_axis, exports, page_input, pickers, prompt
 from components.counterfactual import next_token_metrics
 from components.errors import stop_on_error
 from components.scale import at_scale
@@ -24,6 +24,7 @@ SCORE_FUNCTIONS = ["softmax", "sigmoid"]
 
 st.title("Routing playground")
 source = pickers.model_picker()
+page_input.runs_the_model("The playground")  # a routing file chosen elsewhere: said, not used
 text = prompt.prompt_form()
 trace = caches.load_or_stop(source, text)
 site, layer = pickers.pick_layer(trace)
@@ -238,8 +239,7 @@ exports.show_chart(
     ),
     "pg_dispatch",
 )
-if axis.at_scale:
-    st.caption(f"{axis.shown_line(' under the captured routing')}.")
+expert_axis.caption_shown(axis, " under the captured routing")
 st.caption(
     f"Colour = re-routed score = {score_fn}(logits / {temperature:g}); ● = where the token is now sent "
     "(dropped slots have no ●)."

@@ -1,7 +1,8 @@
-"""Routing: which experts each token of a prompt was sent to, layer by layer, and one token in detail."""
+"""Routing: which experts each token of a prompt (or of a routing file) was sent to, layer by layer, and one
+token in detail."""
 
 import streamlit as st
-from components import caches, expert_axis, exports, pickers, prompt, widgets
+from components import caches, expert_axis, exports, page_input, pickers, widgets
 from components.routing_frames import band_text, layer_line
 from components.scale import trace_at_scale
 
@@ -34,13 +35,25 @@ SCALE_BINS = 50  # bins of the whole-input overview over 20 experts
 
 st.title("Routing")
 source = pickers.model_picker()
-text = prompt.prompt_form()
-trace = caches.load_or_stop(source, text)
+chosen = page_input.page_input(source)
+trace = page_input.trace_or_stop(chosen, "which experts each token chose (per-token routing)")
 # Over 20 experts (DeepSeek-V3, Kimi-K2: 256–384) the views at scale, from per-layer frames; up to 20 the
-# 8-expert views, from frames of every layer built once (`caches.routing_frames` picks).
+# 8-expert views, from frames of every layer built once (`routing_frames.frames_for` picks).
 SCALE = trace_at_scale(trace)
-frames = caches.routing_frames(source, text)
-st.caption(f"{trace.model.architecture} · {len(trace.tokens)} tokens · {len(trace.layer_keys)} MoE layers")
+frames = page_input.routing_frames(chosen)
+# An engine's routing may lack router scores (every score-based view then says so, once, below) and rank
+# its slots by expert id (no top-1)
+SCORES, RANKED = page_input.has_scores(trace), page_input.is_ranked(trace)
+st.caption(
+    f"{trace.model.architecture} · {len(trace.tokens)} tokens · {len(trace.layer_keys)} MoE layers"
+    + (f" · {chosen.label}" if chosen.from_file else "")
+)
+page_input.not_shown(
+    trace,
+    scores="the router-score colours of the heatmap and of the expert timeline, the token's scores, margins "
+    "and confidence",
+    top1="the token strip (top-1 expert) and the top-1 line of the token's path",
+)
 num_tokens = max(trace.layer(layer, site).logits.shape[0] for site, layer in trace.layer_keys)  # per layer
 
 # Each interaction reruns only the fragment that shows it: a layer switch redraws the layer's views, a
@@ -51,7 +64,12 @@ WINDOW, BINS = (SCALE_TOKENS, SCALE_BINS) if SCALE else (MAX_TOKENS, 100)
 start = 0
 if num_tokens > WINDOW:
     st.info(f"{num_tokens} tokens: the overview below is binned; the detailed views show a window.")
-    start = st.slider("First token shown", 0, num_tokens - WINDOW, 0, step=max(WINDOW // 4, 1))
+    if "routing_start" in st.session_state:  # a link to one token (Engines page) sets it: clamp to this input
+        kept_start = int(st.session_state["routing_start"])
+        st.session_state["routing_start"] = min(max(kept_start, 0), num_tokens - WINDOW)
+    start = st.slider(
+        "First token shown", 0, num_tokens - WINDOW, step=max(WINDOW // 4, 1), key="routing_start"
+    )
 lo, _ = token_window(num_tokens, max_tokens=WINDOW, start=start)
 
 
@@ -61,7 +79,6 @@ def layer_views() -> None:
     overview, token strip (at scale by expert group or id, the chosen expert outlined), the score heatmap of
     the shown experts with its drill-down, expert load."""
     site, layer = pickers.pick_layer(trace)
-    routing = trace.layer(layer, site)
     st.caption(layer_line(layer, frames.layer_balance(site, layer)))
     axis = expert_axis.expert_axis(
         frames.layer_load(site, layer), lambda: coactivation_pair_counts(trace, layer, site)
@@ -80,37 +97,48 @@ def layer_views() -> None:
                 exports.many_marks(expert_axis.sort_axis(binned, axis.shown), BINS * len(axis.shown)),
                 "binned",
             )
-        exports.show_chart(
-            exports.many_marks(
-                token_strip_chart(
-                    frames.layer_routing(site, layer),
-                    num_experts=routing.num_experts,
-                    max_tokens=WINDOW,
-                    start=lo,
-                    title=f"Tokens by top-1 expert, layer {layer}",
-                    n_group=routing.n_group,
-                    highlight=axis.expert,
-                ),
-                2 * min(num_tokens, WINDOW),
-            ),
-            "strip",
-        )
-        colour = "Each token is coloured by the expert with the largest combination weight at this layer"
-        if not axis.at_scale:
-            st.caption(f"{colour}; hover for it.")
-        else:
-            grouped = routing.n_group and routing.n_group > 1
-            st.caption(
-                f"{colour}: "
-                + (
-                    f"by its group ({routing.n_group} groups of {routing.num_experts // routing.n_group} "
-                    "experts)"
-                    if grouped
-                    else "on a continuous scale of expert ids"
-                )
-                + f"; outlined: tokens whose top-1 is expert {axis.expert}. Hover for the expert."
-            )
+        if RANKED:  # its colour is each token's top-1 expert (`not_shown` says so otherwise)
+            token_strip(site, layer, axis)
     load_view(site, layer, axis)
+
+
+def token_strip(site: str, layer: int, axis: expert_axis.ExpertAxis) -> None:
+    """The window's tokens coloured by their top-1 expert at the layer (at scale by group or expert id)."""
+    routing = trace.layer(layer, site)
+    exports.show_chart(
+        exports.many_marks(
+            token_strip_chart(
+                frames.layer_routing(site, layer),
+                num_experts=routing.num_experts,
+                max_tokens=WINDOW,
+                start=lo,
+                title=f"Tokens by top-1 expert, layer {layer}",
+                n_group=routing.n_group,
+                highlight=axis.expert,
+            ),
+            2 * min(num_tokens, WINDOW),
+        ),
+        "strip",
+    )
+    colour = (
+        "Each token is coloured by the expert with the largest combination weight at this layer"
+        if routing.has_weights
+        else "Each token is coloured by its first-ranked expert at this layer (the engine's order; the file "
+        "has no combination weights)"
+    )
+    if not axis.at_scale:
+        st.caption(f"{colour}; hover for it.")
+    else:
+        grouped = routing.n_group and routing.n_group > 1
+        st.caption(
+            f"{colour}: "
+            + (
+                f"by its group ({routing.n_group} groups of {routing.num_experts // routing.n_group} experts)"
+                if grouped
+                else "on a continuous scale of expert ids"
+            )
+            + f"; outlined: tokens whose top-1 is expert {axis.expert}. Hover for the expert."
+        )
 
 
 @st.fragment
@@ -119,8 +147,9 @@ def heatmap_and_token(site: str, layer: int, axis: expert_axis.ExpertAxis, score
     this): up to 20 experts its drill-down below; at scale the click asks for the drill-down, a fragment
     of its own (a full rerun)."""
     routing = trace.layer(layer, site)
+    heading = "Router scores" if SCORES else "Dispatch"  # no scores: the chart draws the dispatch alone
     heatmap = router_score_heatmap(
-        scores, max_tokens=WINDOW, start=lo, title=f"Router scores, layer {layer}", experts=axis.shown
+        scores, max_tokens=WINDOW, start=lo, title=f"{heading}, layer {layer}", experts=axis.shown
     )
     event = exports.show_chart(
         exports.many_marks(
@@ -129,13 +158,17 @@ def heatmap_and_token(site: str, layer: int, axis: expert_axis.ExpertAxis, score
         "heatmap",
         select=True,
     )
-    shown = f"{axis.shown_line(' at this layer')}. " if axis.at_scale else ""
+    colour = (
+        f"Colour = router score = {routing.score_fn}(router logits), before top-k. ● = expert the token was "
+        "dispatched to; hover a cell for its logit and the combination weight the model used (0 where not "
+        "dispatched)."
+        if SCORES
+        else "Filled with ● = expert the token was dispatched to (no router scores to colour by)."
+    )
     st.caption(
-        f"{shown}Colour = router score = {routing.score_fn}(router logits), before top-k. "
-        "● = expert the token was dispatched to; hover a cell for its logit and the combination weight the "
-        "model used (0 where not dispatched). Click a cell to open its token below. Where the token labels "
-        "would overlap (long windows, narrow pages) only every n-th is printed; every cell's tooltip names "
-        "its token."
+        f"{axis.shown_sentence(' at this layer')}{colour} Click a cell to open its token below. Where the "
+        "token labels would overlap (long windows, narrow pages) only every n-th is printed; every cell's "
+        "tooltip names its token."
     )
     pickers.remember_cell(event)  # the clicked cell's expert, for the Why page
     clicked = pickers.clicked_token(event)
@@ -151,19 +184,28 @@ def token_detail(site: str, layer: int, clicked: tuple[int, int] | None) -> None
     st.subheader("One token in detail", anchor="token")
     # The tokens of the window on show (a long input's picker would ship every token to the browser).
     seq, pos = pickers.pick_token(token_options(trace.tokens.iloc[lo : lo + MAX_TOKENS]), clicked)
-    mine_conf, scores_chart, path_chart, margin_chart = token_charts(seq, pos, st.session_state["token"])
-    pickers.link_to_why(seq, pos)
+    label = st.session_state["token"]
+    path = frames.routing[(frames.routing["seq"] == seq) & (frames.routing["pos"] == pos)]
+    path_chart = token_path_chart(path, title=f"Experts of {label!r}" if not SCORES else None, ranked=RANKED)
+    if not chosen.from_file:  # the Why page explains the prompt, run through the model
+        pickers.link_to_why(seq, pos)
     with st.container(key="drilldown"):
+        if not SCORES:  # its experts alone (`not_shown` named the scores, margins and confidence above)
+            exports.show_chart(path_chart, "token_path")
+            st.caption(path_caption())
+            shown = path[["layer", "rank", "expert"]] if RANKED else path[["layer", "expert"]]
+            st.dataframe(shown, hide_index=True)
+            exports.table_downloads(path, "token_routing")
+            attention_row(layer, seq, pos)
+            return
+        mine_conf, scores_chart, margin_chart = token_charts(seq, pos, label)
         # the scores full width, path and margin side by side: readable from 900 px (three columns were not)
         exports.show_chart(scores_chart, "token_scores")
         st.caption("Router scores of this token at every MoE layer; ● = dispatched.")
         c2, c3 = st.columns(2)
         with c2:
             exports.show_chart(path_chart, "token_path")
-            st.caption(
-                "Its experts layer by layer; dot size = combination weight, dashed line joins the top-1 "
-                "experts."
-            )
+            st.caption(path_caption())
         with c3:
             exports.show_chart(margin_chart, "token_margin")
             st.caption(expert_axis.margin_caption(trace.layer(layer, site)))
@@ -172,22 +214,33 @@ def token_detail(site: str, layer: int, clicked: tuple[int, int] | None) -> None
         attention_row(layer, seq, pos)
 
 
+def path_caption() -> str:
+    """What the token's path shows: dot size only with combination weights, the top-1 line only with ranked
+    slots."""
+    parts = ["Its experts layer by layer"]
+    if any(r.has_weights for r in trace.layers):
+        parts.append("dot size = combination weight")
+    if RANKED:
+        parts.append("dashed line joins the top-1 experts")
+    return "; ".join(parts) + "."
+
+
 def token_charts(seq: int, pos: int, label: str):
-    """The token's confidence rows and its three drill-down charts (scores, path, margin)."""
+    """The token's confidence rows and its two score charts (scores, margin)."""
     mine = frames.scores[(frames.scores["seq"] == seq) & (frames.scores["pos"] == pos)]
     mine_conf = frames.confidence[(frames.confidence["seq"] == seq) & (frames.confidence["pos"] == pos)]
-    path = frames.routing[(frames.routing["seq"] == seq) & (frames.routing["pos"] == pos)]
     return (
         mine_conf,
         token_layer_scores_chart(mine, title=f"Scores of {label!r}"),
-        token_path_chart(path),
         token_margin_chart(mine_conf),
     )
 
 
 def attention_row(layer: int, seq: int, pos: int) -> None:
+    if chosen.from_file:  # attention is captured from the model's forward, which a routing file has not
+        return
     st.markdown("**Its attention row**")
-    att = caches.get_attention(source, text)
+    att = caches.get_attention(*chosen.key)
     if att is None or not att.map_layers:
         st.info("This model has no softmax attention map for this token.", icon=":material/info:")
         return
@@ -219,7 +272,7 @@ def load_view(site: str, layer: int, axis: expert_axis.ExpertAxis) -> None:
     # bootstrap bands (tokens resampled), cached per layer; at scale 400 draws (~0.06 s at 1000 tokens × 256
     # experts, against ~0.5 s for 2000) keep a layer switch quick
     draws = 400 if axis.at_scale else 2000
-    bands, spread = caches.layer_load_bands(source, text, site, layer, trace.layer(layer, site), draws)
+    bands, spread = caches.layer_load_bands(*chosen.key, site, layer, trace.layer(layer, site), draws)
     # chart full width, then the indicators in one row: readable from 900 px (a side column was not)
     exports.show_chart(
         expert_axis.load_chart(load, axis, title=f"Expert load, layer {layer}", bands=bands), "load"
@@ -272,7 +325,7 @@ def expert_timeline() -> None:
     request (layers × tokens marks for the browser)."""
     st.subheader("One expert across layers")
     if SCALE and not widgets.toggle(
-        "Show one expert's score at every layer",
+        "Show one expert's score at every layer" if SCORES else "Show one expert's tokens at every layer",
         "scale_timeline",
         help=f"{len(trace.layer_keys)} layers × up to {WINDOW} tokens: drawn only when asked for.",
     ):
@@ -292,6 +345,8 @@ def expert_timeline() -> None:
     )
     st.caption(
         "Colour = this expert's router score for each token at each MoE layer; ● = the token was sent to it."
+        if SCORES
+        else "Filled with ● = the token was sent to this expert at that MoE layer (no router scores)."
     )
 
 
@@ -316,8 +371,9 @@ def token_detail_at_scale() -> None:
         "(a click on a heatmap cell asks for its token).",
     ):
         st.caption(
-            "Click a cell of the heatmap above, or switch this on, to see the token's scores, path and "
-            "margins at every layer."
+            "Click a cell of the heatmap above, or switch this on, to see the token's "
+            + ("scores, path and margins" if SCORES else "experts")
+            + " at every layer."
         )
         return
     label = st.session_state["token"]
@@ -325,10 +381,22 @@ def token_detail_at_scale() -> None:
     order = frames.order(by)
     expert = st.session_state.get("expert")
     mine = token_scores_frame(trace, seq, pos)
-    confidence = token_confidence_frame(trace, seq, pos)
     layers = pickers.layer_options(trace.layer_keys)
     site, layer = layers.get(st.session_state.get("layer"), trace.layer_keys[0])  # the layer on show above
-    pickers.link_to_why(seq, pos)
+    if not SCORES:  # its experts ranked by load alone (`not_shown` named the scores and margins above)
+        with st.container(key="drilldown"):
+            exports.show_chart(
+                token_rank_path_chart(mine, rank_by="load", load=frames.load, title=f"Path of {label!r}"),
+                "token_path",
+            )
+            st.caption(
+                "Where its experts stand in each layer's ranking by load (0 = the layer's busiest expert)."
+            )
+            exports.table_downloads(mine[mine["dispatched"]], "token_routing")
+        return
+    confidence = token_confidence_frame(trace, seq, pos)
+    if not chosen.from_file:  # the Why page explains the prompt, run through the model
+        pickers.link_to_why(seq, pos)
     with st.container(key="drilldown"):
         name = expert_axis.ORDER_NAMES.get(by, by)
         exports.show_chart(

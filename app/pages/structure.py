@@ -1,7 +1,8 @@
-"""Structure: which experts fire together, how routing flows across layers, and along the text."""
+"""Structure: which experts fire together, how routing flows across layers, and along the text — of the model
+on text or of a routing file."""
 
 import streamlit as st
-from components import expert_axis, exports, pickers, prompt
+from components import expert_axis, exports, page_input, pickers
 
 from moeviz.analysis import (
     coactivation_frame,
@@ -20,7 +21,15 @@ from moeviz.charts import coactivation_heatmap, path_chart, repetition_chart, tr
 
 st.title("Structure")
 source = pickers.model_picker()
-trace = prompt.prompt_or_corpus_trace(source)
+chosen = page_input.page_input(source, corpus=True)
+trace = page_input.trace_or_stop(chosen, "which experts each token chose, token by token")
+if chosen.from_file:
+    st.caption(f"{trace.model.architecture} · {len(trace.tokens)} tokens · {chosen.label}")
+# Megatron's router trace lists a token's experts by id: top-1 and rank-adjacent views need ranked slots
+RANKED = page_input.is_ranked(trace)
+page_input.not_shown(
+    trace, top1="rank-adjacent co-activation, top-1 transitions, top-1 paths and top-1 repetition"
+)
 site, layer = pickers.pick_layer(trace)
 # The chosen layer's experts: all of them by id, or over 20 the top-N by load in the order chosen.
 axis = expert_axis.expert_axis(
@@ -29,7 +38,7 @@ axis = expert_axis.expert_axis(
 )
 
 st.subheader("Co-activation")
-adjacent = st.toggle(
+adjacent = RANKED and st.toggle(
     "Rank-adjacent pairs only",
     key="coact_adjacent",
     help="Count only experts at consecutive ranks r, r+1 of S_t.",
@@ -40,8 +49,7 @@ chart = coactivation_heatmap(shown, title=f"Co-activation, layer {layer}")
 exports.show_chart(
     exports.many_marks(expert_axis.sort_axis(chart, axis.shown, "x", "y"), len(shown)), "coactivation"
 )
-if axis.at_scale:
-    st.caption(f"{axis.shown_line(' at this layer')}; the download has all of them.")
+expert_axis.caption_shown(axis, " at this layer", "; the download has all of them")
 st.caption(
     "CoAct(i, j) = #{t : i, j ∈ S_t} / #{t : i ∈ S_t}: of the tokens sent to expert i (row), the share also "
     "sent to j. Not symmetric; the diagonal is left out. "
@@ -56,7 +64,9 @@ coact = coact_layer if axis.at_scale else coactivation_frame(trace, adjacent_onl
 exports.table_downloads(coact, "coactivation")
 
 st.subheader("Across layers")
-top1 = st.toggle("Top-1 only", key="transition_top1", help="Follow only each token's top-1 expert.")
+top1 = RANKED and st.toggle(
+    "Top-1 only", key="transition_top1", help="Follow only each token's top-1 expert."
+)
 # every pair of consecutive layers; at scale (E² rows a pair) the chosen layer → the next one
 transitions = (
     next_layer_transition_frame(trace, layer, site, top1) if axis.at_scale else transition_frame(trace, top1)
@@ -91,18 +101,19 @@ else:
     )
     exports.table_downloads(transitions, "transitions")
 
-paths = path_frame(trace, top_n=15)
-exports.show_chart(path_chart(paths[paths["site"] == site]), "paths")
-st.caption(
-    "Top-1 expert of each MoE layer in order, e.g. 3→1→7; share = of tokens routed by all these layers."
-)
-exports.table_downloads(paths.astype({"path": str, "layers": str}), "paths")
+if RANKED:  # a path of top-1 experts
+    paths = path_frame(trace, top_n=15)
+    exports.show_chart(path_chart(paths[paths["site"] == site]), "paths")
+    st.caption(
+        "Top-1 expert of each MoE layer in order, e.g. 3→1→7; share = of tokens routed by all these layers."
+    )
+    exports.table_downloads(paths.astype({"path": str, "layers": str}), "paths")
 
 st.subheader("Along the text")
 repetition = repetition_frame(trace)
 kind = st.radio(
     "Repetition",
-    ["top1", "overlap"],
+    ["top1", "overlap"] if RANKED else ["overlap"],
     horizontal=True,
     key="repetition_kind",
     format_func={"top1": "same top-1 expert", "overlap": "share ≥ 1 expert"}.get,

@@ -1,7 +1,7 @@
 """Why this expert? Attribution of a router's choice over the prompt, and what-if routing controls."""
 
 import streamlit as st
-from components import caches, expert_axis, exports, pickers, prompt
+from components import caches, expert_axis, exports, page_input, pickers, prompt
 from components.counterfactual import next_token_metrics
 
 import moeviz
@@ -15,6 +15,7 @@ MAX_TOKENS = 2048  # longer prompts: minutes of attribution that would hold the 
 
 st.title("Why this expert?")
 source = pickers.model_picker()
+page_input.runs_the_model("Why this expert?")  # a routing file chosen elsewhere: said, not used
 prompt = prompt.prompt_form()
 trace = caches.load_or_stop(source, prompt)
 loaded = caches.get_model(source)

@@ -18,11 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from moeviz.trace import LayerRouting, Trace
+
+if TYPE_CHECKING:
+    from moeviz.trace import ExpertLoad
 
 
 def expert_counts(routing: LayerRouting) -> np.ndarray:
@@ -348,3 +352,51 @@ def expert_balance_rows(layer: int, site: str, s: BalanceStats) -> pd.DataFrame:
         },
         columns=EXPERT_BALANCE_COLUMNS,
     )
+
+
+# ---- Load tables: counts without tokens ------------------------------------------------------------------
+# An `ExpertLoad` (moeviz.trace.load: an engine's expert counts [S, L, E], no token axis) gives every
+# load indicator: the counts summed over its steps are c_e, each layer routed T = Σ_e c_e / k tokens (the
+# sources count k slots per token and drop none), so f_e = c_e / (kT) = c_e / Σc.
+
+
+def load_layer_tokens(counts: np.ndarray, top_k: int) -> np.ndarray:
+    """Tokens each layer routed [L] from its counts [L, E]: Σ_e c_e / k, rounded to the nearest token (a
+    source whose counts are approximate, such as SGLang's `stat_approx`, may not give a whole number)."""
+    totals = np.asarray(counts, dtype=np.int64).sum(axis=-1)
+    return np.rint(totals / max(top_k, 1)).astype(np.int64)
+
+
+def load_balance_stats(load: ExpertLoad, devices: int | None = None) -> list[BalanceStats]:
+    """BalanceStats of each MoE layer of an ExpertLoad (counts summed over its steps; nothing dropped);
+    `devices` = D adds ep_balancedness (contiguous placement)."""
+    counts = load.layer_counts()
+    tokens = load_layer_tokens(counts, load.top_k)
+    return [
+        balance_from_counts(c, int(t), load.top_k, devices=devices)
+        for c, t in zip(counts, tokens, strict=True)
+    ]
+
+
+def load_balance_frame(load: ExpertLoad, devices: int | None = None) -> pd.DataFrame:
+    """`balance_frame` of an ExpertLoad: one row per MoE layer, columns BALANCE_COLUMNS (site "mlp")."""
+    rows = [
+        balance_record(layer, "mlp", s)
+        for layer, s in zip(load.layers, load_balance_stats(load, devices), strict=True)
+    ]
+    return pd.DataFrame(rows, columns=BALANCE_COLUMNS)
+
+
+def load_expert_balance_frame(load: ExpertLoad, devices: int | None = None) -> pd.DataFrame:
+    """`expert_balance_frame` of an ExpertLoad: one row per (layer, expert), EXPERT_BALANCE_COLUMNS."""
+    parts = [
+        expert_balance_rows(layer, "mlp", s)
+        for layer, s in zip(load.layers, load_balance_stats(load, devices), strict=True)
+    ]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=EXPERT_BALANCE_COLUMNS)
+
+
+def load_device_load(load: ExpertLoad, devices: int) -> np.ndarray:
+    """[L, D] loads of an ExpertLoad's layers placed contiguously over `devices` (as `trace_device_load`)."""
+    counts = load.layer_counts()
+    return contiguous_device_load(counts, devices) if len(counts) else np.zeros((0, devices))

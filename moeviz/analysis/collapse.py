@@ -14,11 +14,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from moeviz.analysis.balance import BalanceStats, balance_stats
+from moeviz.analysis.balance import BalanceStats, balance_stats, load_balance_stats, load_layer_tokens
 from moeviz.analysis.losses import BIAS_ABS_FLAG, BIAS_STD_FLAG, BiasStats, bias_stats, z_loss
 from moeviz.analysis.null import (
     at_effective_tokens,
@@ -29,6 +30,9 @@ from moeviz.analysis.null import (
     min_tokens_to_judge,
 )
 from moeviz.trace import LayerRouting, Trace
+
+if TYPE_CHECKING:
+    from moeviz.trace import ExpertLoad
 
 NOT_ENOUGH_TOKENS = "not enough tokens to judge"  # the note (and status) of a layer too short to judge
 LOAD_INDICATORS = 3  # dead fraction, max share, load entropy: the load tests per layer (Bonferroni)
@@ -369,11 +373,14 @@ def layer_verdict(
     sequence_lengths: Sequence[int] | None = None,
 ) -> LayerVerdict:
     """Verdict of one MoE layer (`layers`, `sequence_lengths`: see judge_layer)."""
+    # Imported routing without logits (`has_logits` False): no z-loss, rather than a NaN computed over an
+    # [N, E] copy of the all-NaN view.
+    z = z_loss(routing.logits) if routing.has_logits else float("nan")
     return judge_layer(
         routing.layer,
         routing.site,
         balance_stats(routing),
-        z_loss(routing.logits),
+        z,
         bias_stats(routing.bias),
         thresholds,
         layers=layers,
@@ -393,6 +400,31 @@ def collapse_report(trace: Trace, thresholds: CollapseThresholds | None = None) 
         layer_verdict(routing, t, layers=n, sequence_lengths=_sequence_lengths(routing, seq))
         for routing in trace.layers
     ]
+    verdict = max((lv.verdict for lv in layers), default=Verdict.HEALTHY)
+    return CollapseReport(verdict, layers, t)
+
+
+def load_collapse_report(
+    load: ExpertLoad, thresholds: CollapseThresholds | None = None, *, steps_are_sequences: bool = False
+) -> CollapseReport:
+    """Verdicts of an ExpertLoad (counts without tokens): the load rules on each layer's counts summed over
+    the steps, with the same significance tests and family level as `collapse_report`; no router rule
+    fires (z-loss NaN, no bias: a load table has no router scores).
+
+    The tokens count as independent unless `steps_are_sequences` (each step one sequence, as MoE-Infinity's
+    per-sequence matrices): then each step's Σ_e c_e / k tokens is one sequence's length, and the
+    token-correlation rule of CollapseThresholds applies as it does to a trace."""
+    t = thresholds or CollapseThresholds()
+    n = len(load.layers)
+    stats = load_balance_stats(load)
+    per_step = load_layer_tokens(load.counts, load.top_k)  # [S, L] tokens of each step at each layer
+    layers = []
+    for i, (layer, balance) in enumerate(zip(load.layers, stats, strict=True)):
+        lengths = [int(v) for v in per_step[:, i] if v > 0] if steps_are_sequences else None
+        verdict = judge_layer(
+            layer, "mlp", balance, float("nan"), None, t, layers=n, sequence_lengths=lengths or None
+        )
+        layers.append(verdict)
     verdict = max((lv.verdict for lv in layers), default=Verdict.HEALTHY)
     return CollapseReport(verdict, layers, t)
 

@@ -296,7 +296,13 @@ class LossStats:
 
 def loss_stats(routing: LayerRouting, seqs: np.ndarray | None = None) -> LossStats:
     """Every balancing loss of one layer, replayed from its captured logits / scores. `seqs` [N]: the
-    sequence of each routed token, for seq_aux_loss (None: the layer's tokens are one sequence)."""
+    sequence of each routed token, for seq_aux_loss (None: the layer's tokens are one sequence).
+
+    Routing imported without logits (`has_logits` False) has no losses: every one is NaN (a sigmoid
+    router's all-NaN scores would otherwise normalise to uniform probabilities and give a false k)."""
+    if not routing.has_logits:
+        nan = float("nan")
+        return LossStats(nan, nan, nan, nan, nan, nan, bias_stats(routing.bias))
     probs = router_probs(routing)
     topk = aux_loss_topk(probs, routing.k)
     return LossStats(

@@ -215,7 +215,8 @@ def coactivation_counts(routing: LayerRouting, adjacent_only: bool = False) -> t
         return mask.T @ mask, counts
     pair = np.zeros(e * e, dtype=np.float64)
     for r in range(experts.shape[1] - 1):
-        x, y = experts[:, r], experts[:, r + 1]
+        # int64: an imported trace keeps ids in int16, where x · E + y overflows for E > 181
+        x, y = experts[:, r].astype(np.int64), experts[:, r + 1].astype(np.int64)
         ok = (x >= 0) & (y >= 0)
         pair += np.bincount(x[ok] * e + y[ok], minlength=e * e)
         pair += np.bincount(y[ok] * e + x[ok], minlength=e * e)
@@ -267,7 +268,7 @@ def transition_counts(
     keep, idx = shared_rows(source.token_rows, target.token_rows, num_rows)
     es, et = source.num_experts, target.num_experts
     if top1:
-        x, y = source.experts[keep, 0], target.experts[idx, 0]
+        x, y = source.experts[keep, 0].astype(np.int64), target.experts[idx, 0].astype(np.int64)
         ok = (x >= 0) & (y >= 0)
         joint = np.bincount(x[ok] * et + y[ok], minlength=es * et).reshape(es, et).astype(np.float64)
         return joint, joint.sum(axis=1)

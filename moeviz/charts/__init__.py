@@ -15,6 +15,13 @@ from moeviz.charts.attention import (
 )
 from moeviz.charts.binning import bin_rows, bin_size, binned_dispatch_heatmap
 from moeviz.charts.compare import agreement_chart, load_shift_heatmap
+from moeviz.charts.engines import (
+    layer_mismatch_chart,
+    margin_quartile_chart,
+    position_heatmap,
+    routers_per_token_chart,
+    routers_strip_chart,
+)
 from moeviz.charts.load import (
     UNIFORM_VALUE,
     aux_loss_chart,
@@ -74,11 +81,16 @@ __all__ = [
     "head_metric_heatmap",
     "kv_whatif_heatmap",
     "layer_expert_heatmap",
+    "layer_mismatch_chart",
     "load_heatmap",
     "load_shift_heatmap",
+    "margin_quartile_chart",
     "path_chart",
+    "position_heatmap",
     "repetition_chart",
     "router_score_heatmap",
+    "routers_per_token_chart",
+    "routers_strip_chart",
     "stack_scores",
     "token_label",
     "token_layer_scores_chart",

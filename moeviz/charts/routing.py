@@ -12,6 +12,7 @@ from moeviz.charts._common import FIT_WIDTH, INK
 from moeviz.charts.scale import MAX_CATEGORICAL, add_expert_colour_fields, expert_colour
 
 DOT = "●"
+DISPATCH_FILL = "#4c78a8"  # a dispatched cell where there are no router scores to colour by
 TOKEN_SELECTION = "token"  # name of the heatmap's click selection
 # Fill the width a host gives the chart, but keep the height for the plot (axis labels add to it).
 _VISIBLE_WHITESPACE = str.maketrans({" ": "␣", "\n": "↵", "\t": "→", "\r": "␍"})
@@ -48,6 +49,12 @@ def _labelled(frame: pd.DataFrame) -> list[str]:
     ]
 
 
+def has_values(values) -> bool:
+    """Whether a column holds any finite value (router scores and weights are all NaN in routing imported
+    from an engine that records only the chosen experts)."""
+    return bool(np.isfinite(np.asarray(values, dtype=np.float64)).any())
+
+
 def _dispatch_dots(base: alt.Chart, size: int) -> alt.Chart:
     """A ● on each cell of `base` whose `dispatched` field is true."""
     return base.transform_filter("datum.dispatched").mark_text(text=DOT, color="#e4572e", fontSize=size)
@@ -69,7 +76,9 @@ def router_score_heatmap(
 
     Tokens run along x in input order, labelled by `token_label` ("pos:token"); experts along y. Colour is
     the router score, a ● marks each expert the token was dispatched to; the tooltip gives token, pos,
-    expert, score, logit, weight and dispatched.
+    expert, score, logit, weight and dispatched. Routing without router scores (all NaN: an engine import
+    records only the chosen experts) draws the dispatch alone: dispatched cells filled, the rest faint, no
+    score legend; values that are all NaN leave the tooltip.
 
     Long inputs are windowed, never sent whole: only token rows [start, start + max_tokens) are kept (see
     `token_window`; `start` is clamped so a full window is shown), so a chart carries at most
@@ -102,13 +111,13 @@ def router_score_heatmap(
         }
     )
     num_experts = int(data["expert"].nunique()) if len(data) else 0
+    scored = has_values(data["score"])
     tooltip = [
         alt.Tooltip("token:N"),
         alt.Tooltip("pos:Q"),
         alt.Tooltip("expert:O"),
-        alt.Tooltip("score:Q", format=".4f"),
-        alt.Tooltip("logit:Q", format=".3f"),
-        alt.Tooltip("weight:Q", format=".4f"),
+        *([alt.Tooltip("score:Q", format=".4f"), alt.Tooltip("logit:Q", format=".3f")] if scored else []),
+        *([alt.Tooltip("weight:Q", format=".4f")] if has_values(data["weight"][data["dispatched"]]) else []),
         alt.Tooltip("dispatched:N"),
     ]
     base = alt.Chart().encode(
@@ -124,11 +133,16 @@ def router_score_heatmap(
         ),
         tooltip=tooltip,
     )
-    cells_layer = base.mark_rect().encode(
-        color=alt.Color(
-            "score:Q", scale=alt.Scale(scheme="blues", zero=True), legend=alt.Legend(title="score")
-        ),
-    )
+    if scored:
+        cells_layer = base.mark_rect().encode(
+            color=alt.Color(
+                "score:Q", scale=alt.Scale(scheme="blues", zero=True), legend=alt.Legend(title="score")
+            ),
+        )
+    else:  # routing without router scores (an engine import): the dispatch alone, every cell clickable
+        cells_layer = base.mark_rect(color=DISPATCH_FILL).encode(
+            opacity=alt.condition("datum.dispatched", alt.value(0.9), alt.value(0.12))
+        )
     if selectable:
         cells_layer = cells_layer.add_params(
             alt.selection_point(
@@ -138,7 +152,10 @@ def router_score_heatmap(
     dot_size = 11 if hi - lo <= 80 else 8 if hi - lo <= 200 else 6  # fewer, wider cells take a bigger dot
     dots = _dispatch_dots(base, dot_size)
     return alt.layer(cells_layer, dots, data=data).properties(
-        title=alt.Title(title or "Router scores", subtitle=_window_subtitle(lo, hi, num_tokens)),
+        title=alt.Title(
+            title or ("Router scores" if scored else "Dispatch"),
+            subtitle=_window_subtitle(lo, hi, num_tokens),
+        ),
         height=min(max(22 * num_experts, 120), 640),
         autosize=FIT_WIDTH,
     )
@@ -260,6 +277,7 @@ def token_strip_chart(
     """
     tokens = routing_rows.drop_duplicates(["seq", "pos"]).sort_values(["seq", "pos"])[["seq", "pos", "token"]]
     top1 = routing_rows[routing_rows["rank"] == 0].drop_duplicates(["seq", "pos"])
+    weighted = has_values(routing_rows["weight"])  # an engine import may record no weights
     data = tokens.merge(top1[["seq", "pos", "expert", "weight"]], on=["seq", "pos"], how="left")
     data = data.reset_index(drop=True)
     lo, hi = token_window(len(data), max_tokens=max_tokens, start=start)
@@ -292,7 +310,7 @@ def token_strip_chart(
         tooltip=[
             alt.Tooltip("label:N", title="token"),
             alt.Tooltip("top1:N", title="top-1 expert"),
-            alt.Tooltip("weight:Q", format=".3f", title="its weight"),
+            *([alt.Tooltip("weight:Q", format=".3f", title="its weight")] if weighted else []),
         ],
     )
     boxes = base.mark_rect(stroke="white", strokeWidth=2, cornerRadius=3).encode(color=colour)
@@ -325,7 +343,7 @@ def expert_timeline_chart(
     Input: `Trace.scores_frame(layer, site)` of every layer stacked with a `layer` column (see
     `moeviz.charts.stack_scores`): columns layer, seq, pos, token, expert, score, dispatched. Only the
     rows of `expert` are drawn, tokens windowed to [start, start + max_tokens) of the input order
-    (at most max_tokens × layers cells).
+    (at most max_tokens × layers cells). Without router scores (all NaN) the dispatch alone is drawn.
     """
     rows = all_scores[all_scores["expert"] == expert]
     order = rows[["seq", "pos"]].drop_duplicates().sort_values(["seq", "pos"]).reset_index(drop=True)
@@ -341,6 +359,7 @@ def expert_timeline_chart(
             "dispatched": data["dispatched"].to_numpy(dtype=bool),
         }
     )
+    scored = has_values(data["score"])
     base = alt.Chart().encode(
         x=alt.X(
             "label:N",
@@ -351,19 +370,23 @@ def expert_timeline_chart(
         tooltip=[
             alt.Tooltip("label:N", title="token"),
             alt.Tooltip("layer:O"),
-            alt.Tooltip("score:Q", format=".4f"),
+            *([alt.Tooltip("score:Q", format=".4f")] if scored else []),
             alt.Tooltip("dispatched:N"),
         ],
     )
-    cells = base.mark_rect().encode(
-        color=alt.Color("score:Q", scale=alt.Scale(scheme="purples", zero=True), title="score")
-    )
+    if scored:
+        cells = base.mark_rect().encode(
+            color=alt.Color("score:Q", scale=alt.Scale(scheme="purples", zero=True), title="score")
+        )
+    else:  # no router scores (an engine import): the dispatch alone
+        cells = base.mark_rect(color=DISPATCH_FILL).encode(
+            opacity=alt.condition("datum.dispatched", alt.value(0.9), alt.value(0.12))
+        )
     dots = _dispatch_dots(base, 9)
     num_layers = int(data["layer"].nunique()) if len(data) else 1
+    heading = "router score" if scored else "dispatched"
     return alt.layer(cells, dots, data=data).properties(
-        title=alt.Title(
-            title or f"Expert {expert}: router score at every layer", subtitle=f"{hi - lo} tokens"
-        ),
+        title=alt.Title(title or f"Expert {expert}: {heading} at every layer", subtitle=f"{hi - lo} tokens"),
         height=min(max(24 * num_layers, 80), 600),
         autosize=FIT_WIDTH,
     )
@@ -398,37 +421,52 @@ def token_layer_scores_chart(token_scores: pd.DataFrame, *, title: str | None = 
     )
 
 
-def token_path_chart(token_routing: pd.DataFrame, *, title: str | None = None) -> alt.LayerChart:
+def token_path_chart(
+    token_routing: pd.DataFrame, *, title: str | None = None, ranked: bool = True
+) -> alt.LayerChart:
     """One token's experts across layers: a dot per dispatched (layer, expert), sized by weight, the top-1
     experts joined by a line.
 
     Input: the rows of `Trace.routing_frame()` for one token: columns layer, rank, expert, weight
-    (expert -1 = dropped slot, not drawn).
+    (expert -1 = dropped slot, not drawn). Routing without combination weights (all NaN: an engine import)
+    draws every dot at one size; `ranked` False (slots in id order, not by weight: Megatron's router trace)
+    draws no top-1 line and colours the dots alike.
     """
     data = token_routing[token_routing["expert"] >= 0][["layer", "rank", "expert", "weight"]]
     data = data.reset_index(drop=True).astype({"weight": np.float64})
+    weighted = has_values(data["weight"])
     base = alt.Chart().encode(
         x=alt.X("layer:O", title="MoE layer", axis=alt.Axis(labelAngle=0)),
         y=alt.Y("expert:Q", title="expert", axis=alt.Axis(tickMinStep=1)),
     )
     line = base.transform_filter("datum.rank == 0").mark_line(color="#888", strokeDash=[4, 3])
-    dots = base.mark_circle(opacity=0.9).encode(
+    size = (
         # three legend entries: the legend never grows taller than the chart (it would be cut)
-        size=alt.Size(
+        alt.Size(
             "weight:Q",
             scale=alt.Scale(domain=[0, 1], range=[30, 500]),
             legend=alt.Legend(values=[0.25, 0.5, 1.0]),
             title="weight",
-        ),
-        color=alt.Color("rank:O", title="rank", scale=alt.Scale(scheme="viridis")),
+        )
+        if weighted
+        else alt.value(160)
+    )
+    colour = (
+        alt.Color("rank:O", title="rank", scale=alt.Scale(scheme="viridis"))
+        if ranked
+        else alt.value(DISPATCH_FILL)
+    )
+    dots = base.mark_circle(opacity=0.9).encode(
+        size=size,
+        color=colour,
         tooltip=[
             alt.Tooltip("layer:O"),
-            alt.Tooltip("rank:O"),
+            *([alt.Tooltip("rank:O")] if ranked else []),
             alt.Tooltip("expert:Q"),
-            alt.Tooltip("weight:Q", format=".3f"),
+            *([alt.Tooltip("weight:Q", format=".3f")] if weighted else []),
         ],
     )
-    return alt.layer(line, dots, data=data).properties(
+    return alt.layer(*([line] if ranked else []), dots, data=data).properties(
         title=title or "Expert path", height=220, autosize=FIT_WIDTH
     )
 

@@ -332,7 +332,8 @@ def token_rank_path_chart(
     - "load": rank of each dispatched expert by that layer's load (0 = busiest), from `load`
       (`expert_balance_frame` rows: layer, expert, count, site optional); only the dispatched experts.
     Dots: dispatched experts, sized by weight, coloured by slot (0 = largest weight); the top-1 slot joined
-    across layers. Rows shipped: layers × (ranks shown), at most layers × E.
+    across layers (routing without weights, an engine import: one size and colour, no line; rank it by
+    "load", its scores being NaN). Rows shipped: layers × (ranks shown), at most layers × E.
     """
     if rank_by not in RANK_BY:
         raise ValueError(f"rank_by must be one of {RANK_BY}, got {rank_by!r}")
@@ -421,16 +422,24 @@ def token_rank_path_chart(
         .mark_line(color="#888", strokeDash=[4, 3])
         .encode(x=x, y=alt.Y("rank:Q", scale=y_scale, axis=y_axis))
     )
+    # without weights (an engine import records only the chosen experts) the slots have no order here:
+    # one size, one colour, no top-1 line
+    weighted = bool(np.isfinite(data.loc[data["dispatched"], "weight"]).any())
     dots = picked.mark_circle(opacity=0.95, stroke="white", strokeWidth=0.5).encode(
         x=x,
         y=alt.Y("rank:Q", scale=y_scale, axis=y_axis),
         size=alt.Size(
             "weight:Q", scale=alt.Scale(range=[8, 90] if num_rows > 16 else [20, 300]), title="weight"
-        ),
-        color=alt.Color("slot:O", title="slot", scale=alt.Scale(scheme="viridis")),
-        tooltip=tooltip,
+        )
+        if weighted
+        else alt.value(60 if num_rows > 16 else 160),
+        color=alt.Color("slot:O", title="slot", scale=alt.Scale(scheme="viridis"))
+        if weighted
+        else alt.value("#4c78a8"),
+        tooltip=tooltip if weighted else [t for t in tooltip if t.shorthand not in ("weight:Q", "score:Q")],
     )
-    layered = alt.layer(*parts, line, dots, data=data).resolve_scale(color="independent")
+    marks = [*parts, line, dots] if weighted else [*parts, dots]
+    layered = alt.layer(*marks, data=data).resolve_scale(color="independent")
     return layered.properties(
         title=alt.Title(title or "Expert path by rank", subtitle=f"{rank_title}; {k} experts per layer"),
         height=min(max(14 * top, 160), 520),

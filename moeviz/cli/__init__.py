@@ -2,9 +2,9 @@
 
 One module per verb, each with `add_parser(commands)` and the run function it binds as `args.run`:
 `capture` (moeviz.cli.capture), `report` (moeviz.cli.report), `checkpoints` (moeviz.cli.checkpoints; also
-`report --checkpoints`), `trace` (moeviz.cli.trace), `whatif` (moeviz.cli.whatif) and `app`
-(moeviz.cli.app). Shared flags: moeviz.cli.flags; what is printed: moeviz.cli.output; exit codes and
-one-line failures: moeviz.cli.exits.
+`report --checkpoints`), `trace` (moeviz.cli.trace), `whatif` (moeviz.cli.whatif), `import`
+(moeviz.cli.engine_import), `diff` (moeviz.cli.diff) and `app` (moeviz.cli.app). Shared flags:
+moeviz.cli.flags; what is printed: moeviz.cli.output; exit codes and one-line failures: moeviz.cli.exits.
 
 Nothing heavy loads with the parser: torch, transformers and pandas are imported inside the run functions,
 so `moeviz --version` and `--help` answer at once, and Ctrl-C while they load exits with one line.
@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from moeviz.cli import app, capture, checkpoints, report, trace, whatif
+from moeviz.cli import app, capture, checkpoints, diff, engine_import, report, trace, whatif
 from moeviz.cli.app import APP_FLAGS, run_app
 from moeviz.cli.capture import format_summary
 from moeviz.cli.exits import (
@@ -44,7 +44,8 @@ __all__ = [
     "package_version",
     "run_app",
 ]
-VERBS = (capture, report, checkpoints, trace, whatif, app)  # in the order `moeviz --help` lists them
+# in the order `moeviz --help` lists them
+VERBS = (capture, report, checkpoints, trace, whatif, engine_import, diff, app)
 
 
 def package_version() -> str:

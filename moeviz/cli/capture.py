@@ -1,5 +1,7 @@
 """`moeviz capture`: run a model on a prompt, write its routing table (Parquet) and print one line per MoE
-layer. Also the quiet capture that `report` and `whatif` share (`capture_quietly`, `warn_routing`)."""
+layer; with `--engine vllm`, the routing vLLM itself dispatched (`moeviz.engines.vllm`, run in the vLLM
+environment that `make vllm` builds). Also the quiet capture that `report` and `whatif` share
+(`capture_quietly`, `warn_routing`), and the engine flags `trace` shares (`add_engine_flags`)."""
 
 from __future__ import annotations
 
@@ -42,7 +44,49 @@ def add_parser(commands: Any) -> None:
     add_input_group(cap)
     cap.add_argument("--out", required=True, type=Path, help="output .parquet file")
     cap.add_argument("--generate", type=int, default=0, metavar="N", help="also generate N tokens (greedy)")
+    add_engine_flags(cap)
     cap.set_defaults(run=run_capture)
+
+
+ENGINES = ("transformers", "vllm")
+
+
+def add_engine_flags(command: argparse.ArgumentParser) -> None:
+    """--engine (who runs the model: moeviz's transformers capture, or vLLM) and --vllm-routing."""
+    command.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="transformers",
+        help="transformers (moeviz's own capture) or vllm: the routing vLLM dispatched, run in the vLLM "
+        "environment (`make vllm`, or MOEVIZ_VLLM_PYTHON)",
+    )
+    command.add_argument(
+        "--vllm-routing",
+        choices=("auto", "capture-fn", "routed-experts"),
+        default="auto",
+        help="--engine vllm: how routing is read: capture-fn (the router's capture seam: ids, weights, "
+        "logits), routed-experts (enable_return_routed_experts: ids; GPU only); auto = capture-fn on "
+        "CPU, routed-experts on a GPU",
+    )
+
+
+def check_engine_flags(args: argparse.Namespace) -> None:
+    """Refuse the flags that only moeviz's own capture takes when --engine vllm runs the model (vLLM places
+    and loads the model itself), and --vllm-routing without it."""
+    if args.engine != "vllm":
+        if args.vllm_routing != "auto":
+            raise InputError("--vllm-routing needs --engine vllm")
+        return
+    given = {
+        "--trust-remote-code": args.trust_remote_code,
+        "--device": args.device != "auto",
+        "--device-map": getattr(args, "device_map", None) is not None,
+        "--offload-folder": getattr(args, "offload_folder", None) is not None,
+        "--max-memory": getattr(args, "max_memory", None) is not None,
+    }
+    misplaced = [flag for flag, value in given.items() if value]
+    if misplaced:
+        raise InputError(f"{misplaced[0]} does not apply to --engine vllm (vLLM loads and places the model)")
 
 
 def run_capture(args: argparse.Namespace) -> int:
@@ -52,6 +96,9 @@ def run_capture(args: argparse.Namespace) -> int:
     out = _checked_output(args.out)
     if args.generate < 0:
         raise InputError(f"--generate must be >= 0, got {args.generate}")
+    check_engine_flags(args)
+    if args.engine == "vllm":
+        return _run_vllm_capture(args, inputs, out)
     placement = placement_kwargs(args)
     with tqdm(total=3, desc="moeviz capture", unit="step", file=sys.stderr, leave=False) as bar:
         from transformers.utils import logging as hf_logging
@@ -75,6 +122,30 @@ def run_capture(args: argparse.Namespace) -> int:
         bar.update()
     print(format_summary(trace, balance_frame(trace), out))
     warn_routing(trace)
+    return 0
+
+
+def _run_vllm_capture(args: argparse.Namespace, inputs: dict[str, Any], out: Path) -> int:
+    from tqdm import tqdm
+
+    from moeviz.analysis import balance_frame
+    from moeviz.engines.vllm import capture_vllm
+
+    with tqdm(total=2, desc="moeviz capture (vLLM)", unit="step", file=sys.stderr, leave=False) as bar:
+        trace = capture_vllm(
+            args.model,
+            inputs.get("texts"),
+            token_ids=inputs.get("token_ids"),
+            generate=args.generate,
+            dtype=args.dtype,
+            routing=args.vllm_routing,
+            progress=bar.set_postfix_str,
+        )
+        bar.update()
+        bar.set_postfix_str("writing parquet")
+        trace.to_parquet(out)
+        bar.update()
+    print(format_summary(trace, balance_frame(trace), out))
     return 0
 
 

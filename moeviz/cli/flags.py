@@ -189,9 +189,10 @@ def trace_settings(args: argparse.Namespace) -> Any:
     )
 
 
-def add_input_group(command: argparse.ArgumentParser, *, corpus: bool = False) -> None:
-    """The mutually exclusive, required input of capture and report: a prompt, or (report) --corpus."""
-    source = command.add_mutually_exclusive_group(required=True)
+def add_input_group(command: argparse.ArgumentParser, *, corpus: bool = False, required: bool = True) -> None:
+    """The mutually exclusive input of capture and report: a prompt, or (report) --corpus. `required=False`
+    where another flag may stand in for it (report --trace); the command then checks it itself."""
+    source = command.add_mutually_exclusive_group(required=required)
     add_prompt_inputs(source)
     if corpus:
         source.add_argument("--corpus", type=Path, help=CORPUS_HELP)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from moeviz.cli.capture import add_engine_flags, check_engine_flags
 from moeviz.cli.exits import EXIT_INTERRUPTED
 from moeviz.cli.flags import (
     CORPUS_HELP,
@@ -37,7 +38,17 @@ def add_parser(commands: Any) -> None:
         trace,
         model_help="model folder, sample:NAME, a folder of checkpoint folders, or A,B,C (checkpoint folders)",
     )
-    trace.add_argument("--corpus", required=True, type=Path, help=CORPUS_HELP)
+    what = trace.add_mutually_exclusive_group(required=True)
+    what.add_argument("--corpus", type=Path, help=CORPUS_HELP)
+    what.add_argument(
+        "--import",
+        dest="import_files",
+        nargs="+",
+        metavar="FORMAT FILE",
+        help="instead of a corpus: routing an engine wrote (FORMAT then its files, as `moeviz import`), "
+        "written to the store as one run",
+    )
+    trace.add_argument("--token-ids", type=Path, metavar="F", help="--import: token ids the files lack")
     add_batching_flags(trace, chunk_tokens=TRACE_CHUNK_TOKENS)
     trace.add_argument("--max-batches", type=int, help="stop after this many batches (a fixed prefix)")
     trace.add_argument("--out", required=True, type=Path, help="store folder (created; shared by many runs)")
@@ -47,6 +58,7 @@ def add_parser(commands: Any) -> None:
     trace.add_argument("--confidence", action="store_true", help="also store per-token entropy and margin")
     trace.add_argument("--quiet", action="store_true", help="no progress bar")
     add_placement_flags(trace)
+    add_engine_flags(trace)
     ray = trace.add_argument_group("Ray (pip install 'moeviz[ray]')")
     ray.add_argument(
         "--ray",
@@ -91,9 +103,16 @@ def run_trace(args: argparse.Namespace) -> int:
     from moeviz.corpus import check_corpus
     from moeviz.models import load_model
     from moeviz.store.checkpoints import write_series
-    from moeviz.store.layout import check_label, list_runs
+    from moeviz.store.layout import check_label
     from moeviz.store.writer import write_corpus
 
+    check_engine_flags(args)
+    if args.import_files is not None:
+        if args.engine == "vllm":
+            raise InputError("--engine vllm runs a corpus through vLLM; --import reads files it wrote")
+        return _run_import(args)
+    if args.token_ids is not None:
+        raise InputError("--token-ids only applies to --import")
     settings = trace_settings(args)
     check_corpus(args.corpus)  # bad input fails before anything is loaded or written
     if args.label:
@@ -104,6 +123,10 @@ def run_trace(args: argparse.Namespace) -> int:
     placement = placement_kwargs(args)
     hf_logging.disable_progress_bar()
     series = _is_series(args.model)
+    if args.engine == "vllm" and (series or ray is not None):
+        raise InputError(
+            f"--engine vllm traces one model in one vLLM engine, not {'--ray' if ray else 'a series'}"
+        )
     if series and args.checkpoint:
         raise InputError("--checkpoint labels one model; a series takes its labels from the folders")
     # RUN_KEYWORDS, what every writer takes; a single model also takes its checkpoint label
@@ -128,6 +151,8 @@ def run_trace(args: argparse.Namespace) -> int:
                     **placement,
                     **common,
                 )
+        elif args.engine == "vllm":
+            _run_vllm(args, checkpoint, common)
         elif series:
             write_series(args.model, args.corpus, args.out, **load_kwargs(args), **placement, **common)
         else:
@@ -141,7 +166,65 @@ def run_trace(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
-    for run in list_runs(args.out):
+    _print_runs(args.out)
+    return 0
+
+
+def _run_vllm(args: argparse.Namespace, checkpoint: str, common: dict[str, Any]) -> None:
+    """The corpus through one vLLM engine: each batch captured by the session (`write_corpus`'s `capture`);
+    the run's default label is `vllm-<model>`, so it sits beside the transformers run of the same model."""
+    from moeviz.engines.vllm import VllmSession
+    from moeviz.store.writer import write_corpus
+
+    def say(message: str) -> None:
+        if not message.startswith("sequence "):  # the engine's start; per-sequence progress is the bar's
+            print(f"moeviz: {message}", file=sys.stderr)
+
+    progress = None if args.quiet else say
+    with VllmSession(args.model, dtype=args.dtype, routing=args.vllm_routing, progress=progress) as session:
+        write_corpus(
+            session, args.corpus, args.out, checkpoint=checkpoint, capture=session.capture_batch, **common
+        )
+
+
+def _run_import(args: argparse.Namespace) -> int:
+    """`trace --import FORMAT FILE...`: imported per-token routing as one complete run of the store."""
+    from moeviz.engines import FORMATS, import_routing
+    from moeviz.engines.layout import routing_layout
+    from moeviz.engines.tokens import read_token_ids
+    from moeviz.store.layout import check_label
+    from moeviz.store.writer import default_label, write_trace
+    from moeviz.trace import ExpertLoad
+
+    fmt, *files = args.import_files
+    if fmt not in FORMATS:
+        raise InputError(f"--import: unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+    if not files:
+        raise InputError(f"--import {fmt}: give the files after the format")
+    flags = {"--resume": args.resume, "--ray": args.ray, "--max-batches": args.max_batches}
+    misplaced = [flag for flag, value in flags.items() if value]
+    if misplaced:
+        raise InputError(f"{misplaced[0]} does not apply to --import (an import is written as one batch)")
+    label = check_label(args.label or default_label(args.model), "model")
+    checkpoint = check_label(args.checkpoint or "final", "checkpoint")
+    token_ids = None
+    if args.token_ids is not None:
+        token_ids = read_token_ids(args.token_ids, routing_layout(args.model).vocab_size)
+    routing = import_routing(fmt, files, args.model, token_ids=token_ids)
+    if isinstance(routing, ExpertLoad):
+        raise InputError(
+            f"{fmt} files hold expert counts, not per-token routing: a store keeps tokens; "
+            "write the counts with `moeviz import` instead"
+        )
+    write_trace(routing, args.out, model=label, checkpoint=checkpoint, source=f"import:{fmt}")
+    _print_runs(args.out)
+    return 0
+
+
+def _print_runs(store: Path) -> None:
+    """One line per run of the store: tokens, rows, complete or not, folder."""
+    from moeviz.store.layout import list_runs
+
+    for run in list_runs(store):
         state = "complete" if run.complete else f"{len(run.parts)} batches (incomplete)"
         print(f"{run.model}/{run.checkpoint}: {run.tokens} tokens, {run.rows} rows, {state} -> {run.path}")
-    return 0

@@ -1,8 +1,9 @@
 """`moeviz whatif ep|offload|capacity|quant`: the deployment simulators' flags, their checks, and the run.
 
 The routing comes from a prompt captured here (--text, --text-file, --token-ids, optionally --generate N), a
-trace written by `moeviz capture` (--trace F.parquet) or a corpus store written by `moeviz trace` (--store
-DIR); `quant` runs the model itself, so it takes a prompt only. Each simulator's run and screen:
+trace written by `moeviz capture` or `moeviz import` (--trace F.parquet; `ep` also takes a load table of an
+engine's expert counts) or a corpus store written by `moeviz trace` (--store DIR); `quant` runs the model
+itself, so it takes a prompt only. Each simulator's run and screen:
 moeviz.cli.whatif_runs. The definitions every number follows: docs/deployment-whatifs.md. Bad flags or input
 exit 2 (`moeviz: error: ...`, or argparse's usage error for a flag combination).
 """
@@ -41,7 +42,8 @@ def add_parser(commands: Any) -> None:
         "ep",
         help="expert parallelism: load per GPU, ep_balancedness, All-to-All bytes and time",
         description="Place the experts on GPUs and count each GPU's load and the All-to-All dispatch bytes "
-        f"(DeepEP's per-GPU de-duplication). {MODEL_LOADED}.",
+        f"(DeepEP's per-GPU de-duplication). {MODEL_LOADED}; a load table of expert counts (--trace, from "
+        "`moeviz import`) needs only the model's config and gives placement and balancedness, not traffic.",
     )
     _add_inputs(ep)
     cluster = ep.add_argument_group("cluster and placement")
@@ -208,7 +210,10 @@ def _add_inputs(command: argparse.ArgumentParser, *, quant: bool = False) -> Non
     add_prompt_inputs(source)
     hidden = argparse.SUPPRESS if quant else None  # accepted only to refuse them with a clear message
     source.add_argument(
-        "--trace", type=Path, metavar="F.parquet", help=hidden or "a trace written by `moeviz capture`"
+        "--trace",
+        type=Path,
+        metavar="F.parquet",
+        help=hidden or "a trace written by `moeviz capture` or `moeviz import` (ep: also a load table)",
     )
     source.add_argument(
         "--store", type=Path, metavar="DIR", help=hidden or "a corpus store written by `moeviz trace`"
@@ -273,7 +278,9 @@ def _check_values(args: argparse.Namespace) -> None:
     if getattr(args, "generate", 0) < 0:
         raise InputError(f"--generate must be >= 0, got {args.generate}")
     if args.trace is not None and not args.trace.is_file():
-        raise InputError(f"--trace {args.trace} is not a file (a .parquet written by `moeviz capture`)")
+        raise InputError(
+            f"--trace {args.trace} is not a file (a .parquet written by `moeviz capture` or `moeviz import`)"
+        )
     if args.store is not None and not args.store.is_dir():
         raise InputError(f"--store {args.store} is not a folder (a store written by `moeviz trace`)")
     if args.whatif == "ep":  # EPConfig checks the cluster flags (built before the model loads)

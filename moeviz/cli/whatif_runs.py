@@ -1,6 +1,10 @@
 """The four `moeviz whatif` simulators run from parsed flags (moeviz.cli.whatif): the model loaded, the
 routing gathered (a prompt, --trace or --store), the simulator run, and its screen (text) or payload (JSON)
-returned for `run_whatif` to print."""
+returned for `run_whatif` to print.
+
+--trace takes a trace written by `moeviz capture` or `moeviz import` (per-token routing; an import may lack
+combination weights, and what needs them says so), and `ep` also a load table `moeviz import` wrote from an
+engine's expert counts: placement and balancedness from the counts, with only the model's config read."""
 
 from __future__ import annotations
 
@@ -42,7 +46,8 @@ def _load(args: argparse.Namespace, bar) -> Any:
 
 
 def _routes(args: argparse.Namespace, bar, loaded=None):
-    """(routes, notes): the routing to replay, from the prompt (run through `loaded`), --trace or --store."""
+    """(routes, notes): the routing to replay, from the prompt (run through `loaded`), --trace or --store.
+    A load table given to --trace is refused here (one line): these simulators replay each token."""
     from moeviz.whatif.routes import routes_from_store, routes_from_trace
 
     notes: list[str] = []
@@ -51,11 +56,10 @@ def _routes(args: argparse.Namespace, bar, loaded=None):
         routes = routes_from_store(args.store, model=args.run_model, checkpoint=args.checkpoint)
         notes += routes.notes
     elif args.trace is not None:
-        from moeviz.trace import Trace
-
         bar.set_postfix_str("reading trace")
-        trace = Trace.from_parquet(args.trace)
+        trace = _read_trace(args)
         routes = routes_from_trace(trace)
+        notes += _import_notes(args, trace)
     else:
         from moeviz.cli.capture import capture_quietly
 
@@ -67,6 +71,51 @@ def _routes(args: argparse.Namespace, bar, loaded=None):
         notes += _model_mismatch(routes, loaded)
     bar.update()
     return routes, notes
+
+
+def _is_load_table(path) -> bool:
+    from moeviz.trace.load import LOAD_FORMAT, read_moeviz_meta
+
+    return read_moeviz_meta(path).get("format") == LOAD_FORMAT
+
+
+def _refuse_load_table(args: argparse.Namespace) -> None:
+    """A load table (counts, no tokens) given to a simulator that replays tokens: refused before the model
+    loads."""
+    if args.trace is not None and _is_load_table(args.trace):
+        from moeviz.trace.load import read_moeviz_meta
+
+        source = read_moeviz_meta(args.trace).get("source", "an engine")
+        raise InputError(
+            f"whatif {args.whatif} replays each token's experts; {args.trace} is a load table of expert "
+            f"counts from {source} (no tokens): only `whatif ep` takes one (placement, balancedness)"
+        )
+
+
+def _read_trace(args: argparse.Namespace):
+    """The Trace of --trace (a load table refused: `_refuse_load_table`)."""
+    from moeviz.trace import read_routing_file
+
+    _refuse_load_table(args)
+    return read_routing_file(args.trace)
+
+
+def _import_notes(args: argparse.Namespace, trace) -> list[str]:
+    """Refuse what needs combination weights the routing lacks; note what its slot order changes."""
+    notes = []
+    weightless = [r for r in trace.layers if not r.has_weights]
+    if weightless and args.whatif == "capacity" and args.policy == "probs":
+        raise InputError(
+            f"--policy probs keeps an over-full expert's largest combination weights; {args.trace} holds "
+            f"none (routing from {weightless[0].decision_source}): use --policy position"
+        )
+    unranked = [r for r in trace.layers if not r.ranked]
+    if unranked and getattr(args, "replica", None) == "vllm":
+        notes.append(
+            f"routing from {unranked[0].decision_source} lists a token's experts in ascending id, not the "
+            "router's order: the vllm replica rule (copy by slot) follows that order"
+        )
+    return notes
 
 
 def _model_mismatch(routes, loaded) -> list[str]:
@@ -107,6 +156,8 @@ def run_ep(args: argparse.Namespace, bar) -> str:
         message_dtype=args.message_dtype,
         **overrides,
     )
+    if args.trace is not None and _is_load_table(args.trace):
+        return _run_ep_load(args, config, bar)
     loaded = _load(args, bar)
     routes, notes = _routes(args, bar, loaded)
     size = model_size(loaded.model)
@@ -149,6 +200,87 @@ def run_ep(args: argparse.Namespace, bar) -> str:
     return _screen(head, frame, tail, notes)
 
 
+# flag -> (its value, the value that needs no per-token routing): flags of the traffic and time model
+LOAD_TABLE_FLAGS = {
+    "--placement traffic": ("placement", "traffic"),
+    "--replica vllm": ("replica", "vllm"),
+    "--source round-robin": ("source", "round-robin"),
+    "--message-dtype fp8": ("message_dtype", "fp8"),
+}
+
+
+def _run_ep_load(args: argparse.Namespace, config, bar) -> str:
+    """`whatif ep --trace LOAD.parquet`: placement and ep_balancedness from an engine's expert counts; the
+    model's config gives E and the router's groups (no weights are read)."""
+    from moeviz.engines.layout import routing_layout
+    from moeviz.trace import ExpertLoad
+    from moeviz.whatif.ep import fit_placement_counts, simulate_ep_load, split_load_steps
+
+    for flag, (name, value) in LOAD_TABLE_FLAGS.items():
+        if getattr(args, name) == value:
+            raise InputError(
+                f"{flag} needs each token's set of experts; {args.trace} is a load table of expert counts: "
+                "it gives placement (contiguous, eplb) and balancedness only"
+            )
+    for name in ("nvlink_gbps", "internode_gbps", "gpu_tflops"):
+        if getattr(args, name) is not None:
+            raise InputError(
+                f"--{name.replace('_', '-')} sets the All-to-All time model, which needs each token's set of "
+                f"experts; {args.trace} is a load table: it gives placement and balancedness only"
+            )
+    bar.set_postfix_str("reading the model's config")
+    layout = routing_layout(args.model)
+    bar.update()
+    bar.set_postfix_str("reading load table")
+    load = ExpertLoad.from_parquet(args.trace)
+    if load.num_experts != layout.num_experts:
+        raise InputError(
+            f"the load table routes over {load.num_experts} experts, --model {layout.source} has "
+            f"{layout.num_experts}: give the model the counts were taken from"
+        )
+    notes = []
+    if load.model.source != layout.source:
+        notes.append(
+            f"counts from {load.model.source}; the router's groups taken from --model {layout.source}"
+        )
+    notes.append(
+        "a load table has no tokens: All-to-All bytes and times (null) need each token's set of experts"
+    )
+    bar.update()
+    bar.set_postfix_str(f"placing experts ({args.placement})")
+    groups = layout.n_group or 1
+    if args.fit_fraction is not None:
+        fit, evaluate, fitted = split_load_steps(load, args.fit_fraction)
+        placement = fit_placement_counts(
+            fit.layer_counts(),
+            list(fit.layers),
+            config,
+            groups=groups,
+            fitted_on=f"{len(fit.steps)} steps of {load.model.source}",
+        )
+        result = simulate_ep_load(evaluate, config, placement, groups=groups)
+    else:
+        fitted = "fitted and evaluated on the same counts (in-sample; --fit-fraction evaluates out of sample)"
+        result = simulate_ep_load(load, config, groups=groups)
+    if args.placement == "contiguous":
+        fitted = "contiguous placement: nothing fitted"
+    bar.update()
+    payload = {**result.to_json(), "fit": fitted, "source": load.source, "notes": notes}
+    if args.format == "json":
+        return json_text(payload)
+    head = [
+        f"{payload['model']}: {payload['tokens']} tokens, {len(load.layers)} MoE layers, expert counts from "
+        f"{load.source} ({load.counts.shape[0]} steps); placement {args.placement} over {args.gpus} GPUs "
+        f"({args.gpus_per_node} per node), {args.redundant} redundant slots",
+        f"placement: {fitted}",
+        f"definition: {result.definition}",
+    ]
+    columns = ["layer", "ep_balancedness", "max_gpu_load", "mean_gpu_load"]
+    frame = result.layers_frame()[columns].rename(columns=EP_COLUMNS)
+    tail = [f"ep_balancedness_over_layers (Σ mean / Σ max, vLLM): {result.ep_balancedness_over_layers:.4f}"]
+    return _screen(head, frame, tail, notes)
+
+
 def _config_json(config) -> dict[str, Any]:
     from dataclasses import asdict
 
@@ -161,6 +293,7 @@ def run_offload(args: argparse.Namespace, bar) -> str:
     from moeviz.whatif.model_size import expert_bytes
     from moeviz.whatif.offload import POLICIES, simulate_offload
 
+    _refuse_load_table(args)
     loaded = _load(args, bar)
     routes, notes = _routes(args, bar, loaded)
     nbytes = int(expert_bytes(loaded, None if args.expert_dtype == "loaded" else args.expert_dtype))
@@ -231,6 +364,7 @@ def run_offload(args: argparse.Namespace, bar) -> str:
 def run_capacity(args: argparse.Namespace, bar) -> str:
     from moeviz.whatif.capacity import replay_capacity
 
+    _refuse_load_table(args)
     if args.trace is None and args.store is None:
         loaded = _load(args, bar)
     else:

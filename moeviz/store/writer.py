@@ -434,13 +434,19 @@ def write_corpus(
     checkpoint: str = "final",
     checkpoint_index: int = 0,
     on_batch: Callable[[Batch], None] | None = None,
+    capture: Callable[[Batch], Any] | None = None,
 ) -> RunInfo:
     """Route every token of `corpus` through `loaded` (a `moeviz.LoadedModel`) into `store`.
 
     Writes one Parquet part per batch into `store/model=<model>/checkpoint=<checkpoint>/` (see
     `moeviz.store.layout`); with `resume`, batches already in the manifest are skipped after checking
     that their token ids are unchanged. Returns the finished run. `on_batch` is called after each batch
-    is queued for writing (tests use it to interrupt a run at a known point)."""
+    is queued for writing (tests use it to interrupt a run at a known point).
+
+    `capture(batch) -> Trace` captures each batch instead of moeviz's own capture of `loaded` (default
+    `capture_batch(loaded, batch)`): a live engine, e.g. `moeviz.engines.vllm.VllmSession.capture_batch`,
+    whose session then stands in for `loaded` (it has the `tokenizer`, `info.source`, `info.model_type` and
+    `max_length` a run reads)."""
     settings = settings or TraceSettings()
     if loaded.tokenizer is None:
         raise StoreError("tracing a corpus needs a model with a tokenizer")
@@ -467,7 +473,7 @@ def write_corpus(
                 total = batch.index + 1
                 if is_done(done, batch):
                     continue
-                trace = capture_batch(loaded, batch)
+                trace = capture_batch(loaded, batch) if capture is None else capture(batch)
                 if layers is None:
                     layers = layer_info(trace)
                 writer.put(batch, trace)

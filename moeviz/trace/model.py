@@ -15,7 +15,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from moeviz.trace.records import ROUTING_COLUMNS, TOKEN_COLUMNS, LayerRouting, LazyTokens, ModelInfo
+from moeviz.trace.records import (
+    ROUTING_COLUMNS,
+    TOKEN_COLUMNS,
+    LayerRouting,
+    LazyTokens,
+    ModelInfo,
+    absent,
+)
 
 
 @dataclass
@@ -66,12 +73,11 @@ class Trace:
         merged = []
         for parts in layers.values():
             first = parts[0][0]
-            stack = lambda name, parts=parts: np.concatenate([getattr(r, name) for r, _ in parts])  # noqa: E731
             merged.append(
                 dataclasses.replace(
                     first,
                     token_rows=np.concatenate([r.token_rows + off for r, off in parts]),
-                    **{n: stack(n) for n in ("logits", "experts", "weights")},
+                    **_stacked([r for r, _ in parts]),
                 )
             )
         return cls(model=traces[0].model, tokens=pd.concat(token_parts, ignore_index=True), layers=merged)
@@ -116,7 +122,7 @@ class Trace:
     # ---- Parquet -----------------------------------------------------------------------------------
     def to_parquet(self, path: str | Path) -> Path:
         """Write the routing table (plus each token's full logits) to one Parquet file, atomically, in
-        format `moeviz.trace/2` (described in `moeviz.trace.parquet`)."""
+        format `moeviz.trace/3` (described in `moeviz.trace.parquet`)."""
         from moeviz.trace.parquet import write_trace
 
         return write_trace(Path(path), self.model, self.tokens, self.layers, self.routing_frame())
@@ -128,6 +134,20 @@ class Trace:
 
         model, tokens, layers = read_trace(Path(path))
         return cls(model=model, tokens=tokens, layers=layers)
+
+
+def _stacked(parts: list[LayerRouting]) -> dict[str, Any]:
+    """logits, experts and weights of one layer's parts, appended; an all-NaN part stays a view (`absent`)
+    when every part is one, so imported routing without logits never allocates [N, E]."""
+    n = sum(len(r.token_rows) for r in parts)
+    out = {"experts": np.concatenate([r.experts for r in parts])}
+    for name, flag in (("logits", "has_logits"), ("weights", "has_weights")):
+        out[flag] = any(getattr(r, flag) for r in parts)
+        if out[flag]:
+            out[name] = np.concatenate([getattr(r, name) for r in parts])
+        else:
+            out[name] = absent(n, getattr(parts[0], name).shape[1])
+    return out
 
 
 def _get_tokens(trace: Trace) -> pd.DataFrame:

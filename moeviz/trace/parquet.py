@@ -1,9 +1,14 @@
 """The trace file format: a Trace's parts to one Parquet file and back.
 
-Format `moeviz.trace/2`: one row per (token, layer, rank) with ROUTING_COLUMNS, and a `logits` column
+Format `moeviz.trace/3`: one row per (token, layer, rank) with ROUTING_COLUMNS, and a `logits` column
 (list<float32>, the token's E router logits) on each token's rank-0 row only, null on the others (as the store
-keeps per-token values); version 1 repeated them on all k rows. The file's `moeviz` metadata holds the format,
-the model info, the token table and each layer's facts. `Trace.to_parquet` / `Trace.from_parquet` call this.
+keeps per-token values). The file's `moeviz` metadata holds the format, the model info, the token table and
+each layer's facts. `Trace.to_parquet` / `Trace.from_parquet` call this.
+
+Versions: 3 adds each layer's `has_logits`, `has_weights` and `ranked` (routing imported from an engine,
+`moeviz.engines`): a layer without logits has null logits on every row, one without weights NaN weights.
+Version 2 is version 3 with every layer's logits and weights present and ranked; version 1 repeated the
+logits on all k rows. All three are read.
 """
 
 from __future__ import annotations
@@ -18,10 +23,10 @@ import pandas as pd
 
 from moeviz.errors import TraceFormatError
 from moeviz.trace.atomic import writing_atomically
-from moeviz.trace.records import TOKEN_COLUMNS, LayerRouting, ModelInfo
+from moeviz.trace.records import TOKEN_COLUMNS, LayerRouting, ModelInfo, absent
 
-TRACE_FORMAT = "moeviz.trace/2"
-READABLE_FORMATS = ("moeviz.trace/1", TRACE_FORMAT)
+TRACE_FORMAT = "moeviz.trace/3"
+READABLE_FORMATS = ("moeviz.trace/1", "moeviz.trace/2", TRACE_FORMAT)
 
 
 def write_trace(
@@ -95,17 +100,19 @@ def read_trace(path: Path) -> tuple[ModelInfo, pd.DataFrame, list[LayerRouting]]
 
 def _rank0_logits_column(layers: list[LayerRouting]):
     """One Arrow list<float32> column over all routing rows (layer by layer, k rows per token): each token's
-    [E] logits on its rank-0 row, null on the other k-1 (E may differ between layers)."""
+    [E] logits on its rank-0 row, null on the other k-1 (E may differ between layers) and on every row of a
+    layer without logits."""
     import pyarrow as pa
 
     lengths, valid, values = [], [], []
     for routing in layers:
         n, k = routing.experts.shape
         rank0 = np.zeros(n * k, dtype=bool)
-        rank0[::k] = True
+        if routing.has_logits:
+            rank0[::k] = True
+            values.append(np.ascontiguousarray(routing.logits, dtype=np.float32).reshape(-1))
         lengths.append(np.where(rank0, routing.num_experts, 0).astype(np.int64))
         valid.append(rank0)
-        values.append(np.ascontiguousarray(routing.logits, dtype=np.float32).reshape(-1))
     lengths_all = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
     offsets = np.zeros(len(lengths_all) + 1, dtype=np.int64)
     np.cumsum(lengths_all, out=offsets[1:])
@@ -123,6 +130,10 @@ def _layer_logits(path: Path, info: dict[str, Any], column, per_rank: bool) -> n
     """[N, E] float32 logits of one layer from its [N·k] rows of the `logits` column (rank-0 rows only in
     version 2; every row, k equal copies, in version 1)."""
     n, k, e = info["num_tokens"], info["k"], info["num_experts"]
+    if not info.get("has_logits", True):
+        if column.null_count != len(column):
+            raise TraceFormatError(f"{path}: layer {info['layer']} has no logits, yet its rows hold some")
+        return absent(n, e)
     flat = np.asarray(column.flatten().to_numpy(zero_copy_only=False), dtype=np.float32)
     expected = n * k * e if per_rank else n * e
     if flat.size != expected:
@@ -147,6 +158,9 @@ def _layer_meta(routing: LayerRouting) -> dict[str, Any]:
         "n_group": routing.n_group,
         "topk_group": routing.topk_group,
         "group_score": routing.group_score,
+        "has_logits": routing.has_logits,
+        "has_weights": routing.has_weights,
+        "ranked": routing.ranked,
     }
 
 
@@ -155,13 +169,15 @@ def _layer_from_rows(
 ) -> LayerRouting:
     n, k = info["num_tokens"], info["k"]
     bias = None if info["bias"] is None else np.asarray(info["bias"], dtype=np.float32)
+    has_weights = info.get("has_weights", True)  # version 3 keys; versions 1-2 always had both and ranks
+    weights = part["weight"].to_numpy().astype(np.float32).reshape(n, k) if has_weights else absent(n, k)
     return LayerRouting(
         layer=info["layer"],
         site=info["site"],
         token_rows=token_rows,
         logits=logits,
         experts=part["expert"].to_numpy().reshape(n, k),
-        weights=part["weight"].to_numpy().astype(np.float32).reshape(n, k),
+        weights=weights,
         score_fn=info["score_fn"],
         bias=bias,
         decision_source=info["decision_source"],
@@ -172,4 +188,7 @@ def _layer_from_rows(
         n_group=info.get("n_group"),  # absent from traces written before group facts were recorded
         topk_group=info.get("topk_group"),
         group_score=info.get("group_score"),
+        has_logits=info.get("has_logits", True),
+        has_weights=has_weights,
+        ranked=info.get("ranked", True),
     )

@@ -15,6 +15,7 @@ import pandas as pd
 
 from moeviz.scoring import scores_from_logits, selection_scores
 
+UNKNOWN_TOKEN = -1  # token_id of a position whose id the source did not give (an engine import without ids)
 TOKEN_COLUMNS = ["seq", "pos", "stream", "token_id", "token", "phase", "step", "predicted_id"]
 ROUTING_COLUMNS = [
     "seq",
@@ -63,6 +64,13 @@ class LayerRouting:
     - experts [N, k]: dispatched expert ids, -1 for a slot dropped by capacity; slots by descending weight
     - weights [N, k]: combination weights the model applied (0 for dropped)
     - bias [E] | None: balancing bias added for selection only
+    - has_logits: False for routing read from an engine that records only the chosen experts (an import,
+      `moeviz.engines`): `logits` (and so `scores`, `selection_scores`) are then a read-only all-NaN
+      broadcast view (no memory), and every value derived from them is NaN
+    - has_weights: False where the source records no combination weights: `weights` is an all-NaN view
+    - ranked: slot 0 is the top choice and slots follow by descending weight (or score); False where the
+      engine writes a token's experts in another order (Megatron's routing trace: ascending expert id),
+      so only the set of a token's experts means something
     - n_group, topk_group, group_score: group-limited routing (DeepSeek-V2/V3 style): experts are split into
       `n_group` contiguous groups, each token picks its best `topk_group` groups by `group_score` of the
       selection scores ("top2_sum": sum of the group's two best, V3/GLM/Kimi; "max": V2) and selects only
@@ -77,7 +85,9 @@ class LayerRouting:
     weights: np.ndarray
     score_fn: str
     bias: np.ndarray | None = None
-    decision_source: str = "dispatch"  # "dispatch" | "router_output" | "recomputed" (not the model's own)
+    # "dispatch" | "router_output" | "recomputed" (not the model's own), or the import format of routing an
+    # engine wrote ("sglang-routed", "vllm-routed", "megatron-trace", …; moeviz.engines.FORMATS)
+    decision_source: str = "dispatch"
     top_k: int | None = None
     capacity: int | None = None
     shared_experts: int = 0
@@ -85,6 +95,9 @@ class LayerRouting:
     n_group: int | None = None
     topk_group: int | None = None
     group_score: str | None = None  # "top2_sum" | "max" | None
+    has_logits: bool = True
+    has_weights: bool = True
+    ranked: bool = True
     # derived arrays, computed on first use and kept while logits, score_fn and bias are the same objects
     _derived: dict[str, tuple[Any, np.ndarray]] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -119,12 +132,16 @@ class LayerRouting:
     def scores(self) -> np.ndarray:
         """[N, E] router scores, `score_fn(logits)` in fp32 (`moeviz.scoring.scores_from_logits`): derived
         from `logits` on first use, never stored apart from them (read-only)."""
+        if not self.has_logits:
+            return self.logits  # the all-NaN view: no scores without logits
         key = (self.logits, self.score_fn)
         return self._cached("scores", key, lambda: scores_from_logits(self.logits, self.score_fn))
 
     @property
     def selection_scores(self) -> np.ndarray:
         """[N, E] what the experts were selected on: `scores` + `bias` (`scores` itself without a bias)."""
+        if not self.has_logits:
+            return self.logits
         key = (self.logits, self.score_fn, self.bias)
         return self._cached("selection_scores", key, lambda: selection_scores(self.scores, self.bias))
 
@@ -139,6 +156,12 @@ class LayerRouting:
     @property
     def key(self) -> tuple[str, int]:
         return (self.site, self.layer)
+
+
+def absent(rows: int, width: int) -> np.ndarray:
+    """[rows, width] float32 all NaN as a read-only broadcast view (no memory): the logits or weights of
+    routing whose source does not record them (`LayerRouting.has_logits` / `has_weights` False)."""
+    return np.broadcast_to(np.float32(np.nan), (rows, width))
 
 
 class LazyTokens:

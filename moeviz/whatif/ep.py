@@ -29,6 +29,11 @@ Definitions (docs/deployment-whatifs.md, "Expert parallelism"):
   (dispatch + combine). Compute time = max_g load_g · expert_flops_per_token / (gpu_tflops · 1e12)
   (the busiest GPU holds the layer back). comm_share = a2a / (a2a + compute); NaN without a compute model
   (expert_flops_per_token = 0). Bandwidths are GB/s (1e9 bytes/s) per GPU, one direction.
+- A load table (an engine's expert counts without tokens, `moeviz.trace.load.ExpertLoad`):
+  `simulate_ep_load` places the experts (contiguous or eplb) and gives each GPU's load and ep_balancedness,
+  equal to `simulate_ep`'s on the same routing with the `even` replica rule; the traffic and time columns
+  need each token's set of experts and are NaN, and `traffic` placement and the `vllm` replica rule are
+  refused (they need per-token routing).
 """
 
 from __future__ import annotations
@@ -279,25 +284,44 @@ def fit_placement(routes: Routes, config: EPConfig) -> Placement:
     e = _num_experts(routes)
     config.check_experts(e)
     layers = [r.layer for r in routes.layers]
-    p = e + config.redundant
-    if config.placement == "contiguous":
-        phy2log = np.tile(np.arange(e, dtype=np.int64), (len(layers), 1))
-    elif config.placement == "eplb":
-        weight = np.stack([expert_counts(r) for r in routes.layers]).astype(np.float64)
-        groups = routes.layers[0].n_group or 1
-        if e % groups:
-            groups = 1  # a router whose groups do not split the experts cannot use the hierarchy
-        phy2log = rebalance_experts(weight, p, groups, config.nodes, config.gpus)[0]
-    else:
+    fitted_on = f"{routes.tokens} tokens of {routes.model}"
+    if config.placement == "traffic":
         phy2log = np.stack(
             [traffic_placement(expert_counts(r), co_occurrence(r), config) for r in routes.layers]
         )
+        return Placement(phy2log.astype(np.int64), layers, config.gpus, config.placement, fitted_on)
+    weight = np.stack([expert_counts(r) for r in routes.layers])
+    return fit_placement_counts(
+        weight, layers, config, groups=routes.layers[0].n_group or 1, fitted_on=fitted_on
+    )
+
+
+def fit_placement_counts(
+    weight: np.ndarray, layers: list[int], config: EPConfig, *, groups: int = 1, fitted_on: str = ""
+) -> Placement:
+    """Fit `contiguous` or `eplb` to per-layer expert loads weight [L, E] (token counts: all either needs).
+    `groups` = the router's n_group (EPLB's hierarchy). `traffic` needs which experts tokens choose
+    together, so per-token routing: InputError here."""
+    if config.placement == "traffic":
+        raise InputError(
+            "placement traffic keeps experts that tokens choose together on one GPU: it needs per-token "
+            "expert sets, not counts (use contiguous or eplb)"
+        )
+    e = weight.shape[1]
+    config.check_experts(e)
+    p = e + config.redundant
+    if config.placement == "contiguous":
+        phy2log = np.tile(np.arange(e, dtype=np.int64), (len(layers), 1))
+    else:
+        if e % groups:
+            groups = 1  # a router whose groups do not split the experts cannot use the hierarchy
+        phy2log = rebalance_experts(weight.astype(np.float64), p, groups, config.nodes, config.gpus)[0]
     return Placement(
         phy2log=phy2log.astype(np.int64),
-        layers=layers,
+        layers=list(layers),
         gpus=config.gpus,
         kind=config.placement,
-        fitted_on=f"{routes.tokens} tokens of {routes.model}",
+        fitted_on=fitted_on,
     )
 
 
@@ -522,6 +546,123 @@ def simulate_ep(routes: Routes, config: EPConfig, placement: Placement | None = 
     return EPResult(
         model=routes.model,
         tokens=routes.tokens,
+        config=config,
+        placement=placement,
+        same_data=same_data,
+        rows=rows,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A load table: per-layer expert counts without tokens (moeviz.trace.load.ExpertLoad)
+
+LOAD_DEFINITION = (
+    "load = (token, expert) assignments from the expert counts, a replicated expert's split over its copies "
+    "as EPLB's load model (the i-th assignment to copy i mod r); ep_balancedness mean/max per layer (SGLang) "
+    "and ep_balancedness_over_layers Σmean/Σmax (vLLM); All-to-All bytes and times need each token's set of "
+    "experts, which a load table does not have: not computed"
+)
+NEEDS_TOKENS = (*BYTE_COLUMNS, "a2a_time_s", "compute_time_s", "comm_share")
+
+
+def gpu_load_from_counts(counts: np.ndarray, phy2log: np.ndarray, gpus: int) -> np.ndarray:
+    """Loads [G] of expert counts [E] placed by phy2log [P]: an expert with r copies (numbered by ascending
+    slot) gives copy j ⌊c/r⌋ + [j < c mod r] assignments — what `simulate_ep`'s `even` rule (the i-th
+    assignment → copy i mod r) gives the same tokens in any order."""
+    counts = np.asarray(counts, dtype=np.int64)
+    copies, slots = _copy_table(phy2log, len(counts))
+    if copies.min() < 1:
+        raise InputError(f"the placement holds no copy of expert(s) {np.flatnonzero(copies < 1).tolist()}")
+    per_slot = np.zeros(len(phy2log), dtype=np.int64)
+    for j in range(slots.shape[1]):
+        has = copies > j
+        share = counts[has] // copies[has] + (j < counts[has] % copies[has])
+        per_slot[slots[has, j]] = share
+    return per_slot.reshape(gpus, -1).sum(axis=1)
+
+
+def split_load_steps(load, fit_fraction: float):
+    """(fit, evaluate, how): the first steps of a load table to fit a placement on, the rest to judge it
+    on (as `Routes.split` splits by sequence). InputError for one step."""
+    from dataclasses import replace
+
+    if not 0.0 < fit_fraction < 1.0:
+        raise InputError(f"fit fraction must be in (0, 1), got {fit_fraction}")
+    steps = load.counts.shape[0]
+    if steps < 2:
+        raise InputError("a load table of one step cannot be split into a fit part and an evaluation part")
+    cut = max(1, min(steps - 1, round(steps * fit_fraction)))
+    fit = replace(load, counts=load.counts[:cut], steps=load.steps[:cut])
+    rest = replace(load, counts=load.counts[cut:], steps=load.steps[cut:])
+    return fit, rest, f"fitted on steps 0–{cut - 1}, evaluated on steps {cut}–{steps - 1} of the load table"
+
+
+@dataclass(frozen=True)
+class EPLoadResult(EPResult):
+    """The EP what-if of a load table: per layer the GPU loads and ep_balancedness; the traffic columns of
+    EPResult are NaN (null in JSON): they need per-token expert sets."""
+
+    definition: str = LOAD_DEFINITION
+
+    def totals(self) -> dict[str, Any]:
+        nan = float("nan")
+        out: dict[str, Any] = {name: nan for name in NEEDS_TOKENS}
+        out["ep_balancedness_over_layers"] = self.ep_balancedness_over_layers
+        return jsonable(out)
+
+    def to_json(self) -> dict[str, Any]:
+        """EPResult's JSON without the message settings (no messages are simulated without tokens)."""
+        out = super().to_json()
+        for key in ("source", "message_dtype", "message_bytes"):
+            del out[key]
+        return out
+
+
+def simulate_ep_load(
+    load, config: EPConfig, placement: Placement | None = None, *, groups: int = 1
+) -> EPLoadResult:
+    """GPU loads and ep_balancedness of a load table (an ExpertLoad: counts [S, L, E] summed over steps) on
+    an EP deployment. placement None = fit `config.placement` (contiguous or eplb; `groups` = the router's
+    n_group) on these counts. The `even` replica rule only: `vllm` picks a copy by each token's slot."""
+    if config.replica != "even":
+        raise InputError(
+            f"replica rule {config.replica} picks a copy by each token's slot: it needs per-token routing "
+            "(a load table takes --replica even)"
+        )
+    counts = load.layer_counts()  # [L, E]
+    tokens = np.rint(counts.sum(axis=1) / max(load.top_k, 1)).astype(np.int64)
+    same_data = placement is None
+    if placement is None:
+        fitted_on = (
+            f"{int(tokens.max(initial=0))} tokens ({load.counts.shape[0]} steps) of {load.model.source}"
+        )
+        placement = fit_placement_counts(
+            counts, list(load.layers), config, groups=groups, fitted_on=fitted_on
+        )
+    config.check_experts(counts.shape[1])
+    if placement.gpus != config.gpus:
+        raise InputError(f"the placement is for {placement.gpus} GPUs, the deployment has {config.gpus}")
+    if placement.layers != list(load.layers):
+        raise InputError(
+            f"the placement covers layers {placement.layers}, the load table {list(load.layers)}"
+        )
+    nan = float("nan")
+    rows = []
+    for i, layer in enumerate(load.layers):
+        gpu = gpu_load_from_counts(counts[i], placement.phy2log[i], config.gpus)
+        rows.append(
+            {
+                "layer": layer,
+                "ep_balancedness": ep_balancedness(gpu),
+                "max_gpu_load": int(gpu.max()),
+                "mean_gpu_load": float(gpu.mean()),
+                **{name: nan for name in NEEDS_TOKENS},
+                "gpu_load": gpu.astype(np.int64),
+            }
+        )
+    return EPLoadResult(
+        model=load.model.source,
+        tokens=int(tokens.max(initial=0)),
         config=config,
         placement=placement,
         same_data=same_data,

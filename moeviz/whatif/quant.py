@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from moeviz.analysis.confidence import eligible_experts
+from moeviz.analysis.margins import margin_quartiles, router_margin  # moved there (torch-free); re-exported
 from moeviz.capture.forward import capture, token_batch
 from moeviz.errors import InputError
 from moeviz.models.loading import LoadedModel
@@ -180,26 +180,6 @@ def top1_expert(routing: LayerRouting) -> np.ndarray:
     routers do not sort their top-k)."""
     slot = np.argmax(routing.weights, axis=1)
     return routing.experts[np.arange(len(slot)), slot]
-
-
-def router_margin(routing: LayerRouting) -> np.ndarray:
-    """[N] m = min score(S) − max score(eligible ∉ S) on the selection scores; eligible = every expert, or the
-    chosen groups' experts for group-limited routers. +inf when no eligible expert lies outside S."""
-    values = np.asarray(routing.selection_scores, dtype=np.float64)
-    chosen = _set_mask(routing.experts, routing.num_experts)
-    eligible = eligible_experts(routing, routing.experts)
-    outside = ~chosen if eligible is None else eligible & ~chosen
-    inside = np.where(chosen, values, np.inf).min(axis=1)
-    best_out = np.where(outside, values, -np.inf).max(axis=1)
-    return inside - best_out
-
-
-def margin_quartiles(margin: np.ndarray) -> np.ndarray:
-    """[N] quartile 1..4 by rank of the margin (1 = lowest; equal-size quartiles, ties by token order)."""
-    n = len(margin)
-    ranks = np.empty(n, dtype=np.int64)
-    ranks[np.argsort(margin, kind="stable")] = np.arange(n)
-    return (ranks * 4 // max(n, 1)) + 1
 
 
 def _labels(experts: np.ndarray) -> list[str]:

@@ -234,14 +234,9 @@ def assert_traces_equal(a: Trace, b: Trace) -> None:
     for x, y in zip(a.layers, b.layers, strict=True):
         for name in ("token_rows", "logits", "scores", "selection_scores", "experts", "weights"):
             np.testing.assert_array_equal(getattr(x, name), getattr(y, name), err_msg=name)
-        assert (x.layer, x.site, x.score_fn, x.decision_source, x.top_k, x.capacity) == (
-            y.layer,
-            y.site,
-            y.score_fn,
-            y.decision_source,
-            y.top_k,
-            y.capacity,
-        )
+        facts = ("layer", "site", "score_fn", "decision_source", "top_k", "capacity")
+        facts += ("has_logits", "has_weights", "ranked", "n_group", "topk_group", "group_score")
+        assert [getattr(x, f) for f in facts] == [getattr(y, f) for f in facts]
         if x.bias is None:
             assert y.bias is None
         else:

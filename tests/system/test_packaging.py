@@ -53,6 +53,7 @@ def test_wheel_ships_the_app_the_samples_and_the_docs_the_app_reads(tmp_path):
         ignore=shutil.ignore_patterns(
             ".git",
             ".venv",
+            ".venv-vllm",
             "build",
             "dist",
             "*.egg-info",

@@ -1,8 +1,10 @@
 """The Trace's Parquet format and derived arrays on synthetic traces (no model): foreign files are refused,
-format version 2 keeps each token's logits once and reads version 1, unknown versions are refused, and the
+the format keeps each token's logits once and reads versions 1 and 2, unknown versions are refused, and the
 scores derive from the logits. Round trips of real captures: tests/models/test_trace.py."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -63,28 +65,43 @@ def _logits_bytes(path) -> tuple[int, int]:
     return sum(s[0] for s in sizes), sum(s[1] for s in sizes)
 
 
-def test_version_2_keeps_each_tokens_logits_once_and_reads_version_1(tmp_path):
+def test_the_format_keeps_each_tokens_logits_once_and_reads_versions_1_and_2(tmp_path):
     from moeviz.testing.scale_traces import synthetic_trace
 
     trace = synthetic_trace(
         num_experts=64, k=8, n_group=4, topk_group=2, num_blocks=3, first_dense=1, num_tokens=2000
     )
-    v2, v1 = tmp_path / "v2.parquet", tmp_path / "v1.parquet"
-    trace.to_parquet(v2)
+    v3, v2, v1 = tmp_path / "v3.parquet", tmp_path / "v2.parquet", tmp_path / "v1.parquet"
+    trace.to_parquet(v3)
+    _write_v2(v3, v2)
     _write_v1(trace, v1)
-    table = pq.read_table(v2)
-    assert json_format(table) == "moeviz.trace/2"
+    table = pq.read_table(v3)
+    assert json_format(table) == "moeviz.trace/3"
     logits = table.column("logits").combine_chunks()
     rank = table.column("rank").to_numpy()
     np.testing.assert_array_equal(logits.is_null().to_numpy(zero_copy_only=False), rank > 0)
+    assert_traces_equal(trace, Trace.from_parquet(v3))
     assert_traces_equal(trace, Trace.from_parquet(v2))
     assert_traces_equal(trace, Trace.from_parquet(v1))
-    (raw1, packed1), (raw2, packed2) = _logits_bytes(v1), _logits_bytes(v2)
+    (raw1, packed1), (raw2, packed2) = _logits_bytes(v1), _logits_bytes(v3)
     k = trace.layers[0].k
-    # k copies of every token's logits in version 1, one in version 2 (plus the null bitmap and offsets);
+    # k copies of every token's logits in version 1, one since version 2 (plus the null bitmap and offsets);
     # version 1's dictionary encoding folds some of the copies, zstd more of them
     assert raw1 / raw2 > 0.6 * k, (raw1, raw2)
     assert packed2 < packed1, (packed1, packed2)
+
+
+def _write_v2(v3: Path, v2: Path) -> None:
+    """A version-2 file: version 3 without the layers' has_logits / has_weights / ranked keys."""
+    import json
+
+    table = pq.read_table(v3)
+    meta = json.loads(table.schema.metadata[b"moeviz"])
+    meta["format"] = "moeviz.trace/2"
+    for layer in meta["layers"]:
+        for key in ("has_logits", "has_weights", "ranked"):
+            del layer[key]
+    pq.write_table(table.replace_schema_metadata({b"moeviz": json.dumps(meta)}), v2)
 
 
 def json_format(table: pa.Table) -> str:
@@ -100,7 +117,7 @@ def test_unknown_format_version_is_refused(tmp_path):
         num_experts=8, k=2, n_group=1, topk_group=1, num_blocks=2, first_dense=1, num_tokens=5
     ).to_parquet(tmp_path / "t.parquet")
     table = pq.read_table(path)
-    meta = table.schema.metadata[b"moeviz"].replace(b"moeviz.trace/2", b"moeviz.trace/99")
+    meta = table.schema.metadata[b"moeviz"].replace(b"moeviz.trace/3", b"moeviz.trace/99")
     pq.write_table(table.replace_schema_metadata({b"moeviz": meta}), path)
     with pytest.raises(TraceFormatError, match=r"moeviz\.trace/99"):
         Trace.from_parquet(path)
