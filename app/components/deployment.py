@@ -10,10 +10,11 @@ import pandas as pd
 import streamlit as st
 
 import moeviz
-from components import access, corpus_store
+from components import access, corpus_store, exports
 from components.docs import deployment_section
 from components.errors import stop_on_error
 from components.widgets import toggle
+from moeviz.charts.deployment import balancedness_chart, gpu_load_heatmap
 from moeviz.store import StoreQuery
 from moeviz.trace import ExpertLoad
 from moeviz.whatif.capacity import replay_capacity
@@ -144,6 +145,28 @@ def ep_load_whatif(input_key: str, _load: ExpertLoad, settings: tuple, fit_on_pa
             how,
         )
     return simulate_ep_load(_load, plain, groups=groups), simulate_ep_load(_load, config, groups=groups), ""
+
+
+def show_ep_placements(before, after, placement: str, redundant: int) -> None:
+    """The EP tab's two GPU-load heatmaps (contiguous, no copies | the chosen placement) side by side and
+    their balancedness per layer: the same views for an EPResult of tokens and an EPLoadResult of counts."""
+    left, right = st.columns(2)
+    with left:
+        exports.show_chart(
+            gpu_load_heatmap(before.gpu_load_frame(), title="Before: contiguous, no copies"), "ep_load_before"
+        )
+    with right:
+        exports.show_chart(
+            gpu_load_heatmap(after.gpu_load_frame(), title=f"After: {placement}, {redundant} redundant"),
+            "ep_load_after",
+        )
+    both = pd.concat(
+        [
+            before.layers_frame().assign(placement="contiguous"),
+            after.layers_frame().assign(placement=f"{placement} (+{redundant})"),
+        ]
+    )
+    exports.show_chart(balancedness_chart(both), "ep_balancedness")
 
 
 @st.cache_data(show_spinner=False, max_entries=64)

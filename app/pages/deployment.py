@@ -12,13 +12,11 @@ from components.errors import stop_on_error
 
 import moeviz
 from moeviz.charts.deployment import (
-    balancedness_chart,
     capacity_drop_chart,
     comm_share_chart,
     cumulative_bytes_chart,
     dispatch_bytes_chart,
     flip_rate_chart,
-    gpu_load_heatmap,
     hit_rate_curve_chart,
     margin_flips_chart,
     overflow_heatmap,
@@ -154,26 +152,7 @@ if ep_tab.open is not False and load_table is not None:
                 "All-to-All bytes, times and communication share need each token's set of experts, which a "
                 "load table does not have." + (f" The {placement} placement was {how}." if how else "")
             )
-            left, right = st.columns(2)
-            with left:
-                exports.show_chart(
-                    gpu_load_heatmap(before.gpu_load_frame(), title="Before: contiguous, no copies"),
-                    "ep_load_before",
-                )
-            with right:
-                exports.show_chart(
-                    gpu_load_heatmap(
-                        after.gpu_load_frame(), title=f"After: {placement}, {redundant} redundant"
-                    ),
-                    "ep_load_after",
-                )
-            both = pd.concat(
-                [
-                    before.layers_frame().assign(placement="contiguous"),
-                    after.layers_frame().assign(placement=f"{placement} (+{redundant})"),
-                ]
-            )
-            exports.show_chart(balancedness_chart(both), "ep_balancedness")
+            deployment.show_ep_placements(before, after, placement, redundant)
             layers = after.layers_frame()[["layer", "ep_balancedness", "max_gpu_load", "mean_gpu_load"]]
             st.dataframe(layers, hide_index=True)
             exports.table_downloads(layers, "ep_layers")
@@ -300,26 +279,7 @@ if ep_tab.open is not False and load_table is None:
                     f"{chosen.label} lists each token's experts in id order, not the router's: the vllm "
                     "replica rule (a copy by slot) follows that order."
                 )
-            left, right = st.columns(2)
-            with left:
-                exports.show_chart(
-                    gpu_load_heatmap(before.gpu_load_frame(), title="Before: contiguous, no copies"),
-                    "ep_load_before",
-                )
-            with right:
-                exports.show_chart(
-                    gpu_load_heatmap(
-                        after.gpu_load_frame(), title=f"After: {placement}, {redundant} redundant"
-                    ),
-                    "ep_load_after",
-                )
-            both = pd.concat(
-                [
-                    before.layers_frame().assign(placement="contiguous"),
-                    after.layers_frame().assign(placement=f"{placement} (+{redundant})"),
-                ]
-            )
-            exports.show_chart(balancedness_chart(both), "ep_balancedness")
+            deployment.show_ep_placements(before, after, placement, redundant)
             layers = after.layers_frame()
             exports.show_chart(dispatch_bytes_chart(layers), "ep_bytes")
             exports.show_chart(comm_share_chart(layers), "ep_comm_share")

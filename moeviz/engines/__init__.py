@@ -26,11 +26,11 @@ if TYPE_CHECKING:
 # format name -> (module that reads it, what it is)
 FORMATS: dict[str, tuple[str, str]] = {
     "sglang-dump": (
-        "moeviz.engines.sglang",
+        "moeviz.engines.sglang_dump",
         "SGLang expert-distribution dump (.pt: stat/stat_approx counts, per_pass counts, per_token ids)",
     ),
     "sglang-routed": (
-        "moeviz.engines.sglang",
+        "moeviz.engines.sglang_routed",
         "SGLang return_routed_experts (a saved /generate or OpenAI response, JSON or JSONL)",
     ),
     "vllm-routed": (
@@ -45,8 +45,8 @@ FORMATS: dict[str, tuple[str, str]] = {
         "moeviz.engines.megatron",
         "Megatron-Core inference response with moe_topk_indices (JSON or JSONL)",
     ),
-    "flame": ("moeviz.engines.public", "FLAME-MoE trace parquet (actives/iter_N/layer_NN.parquet + samples)"),
-    "moe-infinity": ("moeviz.engines.public", "MoE-Infinity expert count matrices (.npy)"),
+    "flame": ("moeviz.engines.flame", "FLAME-MoE trace parquet (actives/iter_N/layer_NN.parquet + samples)"),
+    "moe-infinity": ("moeviz.engines.moe_infinity", "MoE-Infinity expert count matrices (.npy)"),
 }
 
 

@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 from moeviz.engines.layout import RoutingLayout
-from moeviz.engines.responses import check_same_ids, nested_ids, read_responses, token_list
+from moeviz.engines.responses import nested_ids, read_responses, token_list
 from moeviz.engines.routed import RoutedSequence, routed_trace
-from moeviz.engines.tokens import ids_for
+from moeviz.engines.tokens import agreed_token_ids, ids_for
 from moeviz.errors import EngineFormatError
 from moeviz.trace import Trace
 
@@ -378,10 +378,7 @@ def _read_replay(files: Sequence[Path], layout: RoutingLayout, token_ids: list[n
         )
     given = ids_for(token_ids, len(sequences), ", ".join(p.name for p in files))
     for seq, ids in zip(sequences, given, strict=True):
-        if ids is not None:
-            if seq.token_ids is not None:
-                check_same_ids(seq.label, seq.token_ids, ids)
-            seq.token_ids = ids
+        seq.token_ids = agreed_token_ids(seq.label, seq.token_ids, ids)
     return routed_trace(layout, sequences, source="megatron-replay", notes=notes, ranked=False)
 
 

@@ -1,7 +1,7 @@
 """What the importers of saved engine responses share: reading a file of API responses (one JSON object, a
 JSON list, or JSON Lines), token-id lists, nested id lists, base64 and `.npy` bytes (never unpickled, the
-header's shape checked against the bytes before anything is allocated), and the check that token ids given
-by the user are the response's own. Used by `vllm_routed`, `megatron` and `sglang`.
+header's shape checked against the bytes before anything is allocated). Used by `vllm_routed`, `megatron` and
+`sglang_routed`.
 """
 
 from __future__ import annotations
@@ -121,16 +121,6 @@ def nested_ids(value: Any, what: str) -> np.ndarray | None:
     return ids
 
 
-def check_same_ids(label: str, own: np.ndarray, given: np.ndarray) -> None:
-    n = min(len(own), len(given))
-    differ = np.flatnonzero(own[:n] != given[:n])
-    if len(own) != len(given) or len(differ):
-        where = f"first differing position {int(differ[0])}" if len(differ) else "lengths differ"
-        raise InputError(
-            f"{label}: the token ids given ({len(given)}) are not the response's own ({len(own)}): {where}"
-        )
-
-
 def decode_base64(value: str, what: str) -> bytes:
     try:
         return base64.b64decode(value, validate=True)
@@ -138,10 +128,13 @@ def decode_base64(value: str, what: str) -> bytes:
         raise EngineFormatError(f"{what}: not base64 ({exc})") from exc
 
 
-def npy_file(path: Path) -> np.ndarray:
-    """The integer array of a `.npy` file, memory-mapped (never unpickled, nothing read into memory)."""
+def npy_file(path: Path, kinds: str = INTEGER_KINDS) -> np.ndarray:
+    """The array of a `.npy` file, memory-mapped (never unpickled, nothing read into memory); its dtype must
+    be of `kinds` (numpy kind letters: integers by default; "iuf" for counts written as floats)."""
+    if not path.is_file():
+        raise InputError(f"{path} is not a file")
     with path.open("rb") as fp:
-        shape, order, dtype, offset = _npy_header(fp, path.stat().st_size, str(path))
+        shape, order, dtype, offset = _npy_header(fp, path.stat().st_size, str(path), kinds)
     if math.prod(shape) == 0:
         return np.zeros(shape, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order=order)
@@ -149,33 +142,35 @@ def npy_file(path: Path) -> np.ndarray:
 
 def npy_bytes(data: bytes, what: str) -> np.ndarray:
     """The integer array of `.npy` bytes in memory, as a read-only view of them (no copy, never unpickled)."""
-    shape, order, dtype, offset = _npy_header(io.BytesIO(data), len(data), what)
+    shape, order, dtype, offset = _npy_header(io.BytesIO(data), len(data), what, INTEGER_KINDS)
     flat = np.frombuffer(data, dtype=dtype, count=math.prod(shape), offset=offset)
     return flat.reshape(shape, order=order)
 
 
-def _npy_header(fp: BinaryIO, size: int, what: str) -> tuple[tuple[int, ...], str, np.dtype, int]:
+def _npy_header(fp: BinaryIO, size: int, what: str, kinds: str) -> tuple[tuple[int, ...], str, np.dtype, int]:
     """(shape, order, dtype, offset of the data) of `.npy` bytes (`size` of them), checked against `size`
-    before anything is allocated from the header's shape."""
+    before anything is allocated from the header's shape. An object array (which would need unpickling) or a
+    dtype not of `kinds` is refused."""
     try:
         version = np.lib.format.read_magic(fp)
         if version == (1, 0):
             shape, fortran, dtype = np.lib.format.read_array_header_1_0(fp)
-        elif version == (2, 0):
+        elif version in ((2, 0), (3, 0)):  # 3.0 differs from 2.0 only in the header's text encoding
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(fp)
         else:
-            raise ValueError(f".npy format version {version[0]}.{version[1]} (np.save writes 1.0 or 2.0)")
+            raise ValueError(f"format version {version[0]}.{version[1]} (np.save writes 1.0 to 3.0)")
     except (ValueError, EOFError, SyntaxError) as exc:
-        raise EngineFormatError(f"{what}: not .npy bytes as np.save writes them ({exc})") from exc
-    if dtype.hasobject or dtype.kind not in INTEGER_KINDS:
-        raise EngineFormatError(
-            f"{what}: an array of {dtype}; routed expert ids are integers (never unpickled)"
-        )
+        raise EngineFormatError(f"{what}: not a .npy file as np.save writes it ({exc})") from exc
+    if dtype.hasobject:
+        raise EngineFormatError(f"{what}: a .npy of Python objects (pickled): never unpickled")
+    if dtype.kind not in kinds:
+        expected = "integers" if kinds == INTEGER_KINDS else "numbers"
+        raise EngineFormatError(f"{what}: an array of dtype {dtype}; expected {expected}")
     offset = fp.tell()
     nbytes = math.prod(shape) * dtype.itemsize
     if offset + nbytes != size:
         raise EngineFormatError(
-            f"{what}: the .npy header says {list(shape)} {dtype} ({nbytes} bytes) but {size - offset} bytes "
-            "follow it"
+            f"{what}: the .npy header says {list(shape)} {dtype} ({nbytes:,} bytes) but {size - offset:,} "
+            "bytes follow it"
         )
     return tuple(shape), ("F" if fortran else "C"), dtype, offset

@@ -91,3 +91,22 @@ def ids_for(given: list[np.ndarray] | None, count: int, what: str) -> list[np.nd
     if len(given) != count:
         raise InputError(f"{len(given)} token-id sequences given for the {count} sequences of {what}")
     return list(given)
+
+
+def agreed_token_ids(label: str, own: np.ndarray | None, given: np.ndarray | None) -> np.ndarray | None:
+    """The token ids of a sequence whose file carries ids (`own`; -1 where it does not know one) and the user
+    gave some too (`given`): the given ids, once every id the file knows agrees with them over their common
+    length (InputError naming the first differing position); whichever exists when only one does. Whether
+    the count fits the routing rows is `routed_trace`'s check."""
+    if given is None or own is None:
+        return given if own is None else own
+    given = np.asarray(given, dtype=np.int64)
+    n = min(len(own), len(given))
+    differ = np.flatnonzero((own[:n] >= 0) & (own[:n] != given[:n]))
+    if len(differ):
+        pos = int(differ[0])
+        raise InputError(
+            f"{label}: the token ids given differ from the file's at position {pos} (given "
+            f"{int(given[pos])}, the file {int(own[pos])})"
+        )
+    return given

@@ -23,7 +23,6 @@ import numpy as np
 
 from moeviz.engines.layout import RoutingLayout
 from moeviz.engines.responses import (
-    check_same_ids,
     decode_base64,
     nested_ids,
     npy_bytes,
@@ -32,7 +31,7 @@ from moeviz.engines.responses import (
     token_list,
 )
 from moeviz.engines.routed import RoutedSequence, routed_trace
-from moeviz.engines.tokens import ids_for
+from moeviz.engines.tokens import agreed_token_ids, ids_for
 from moeviz.errors import EngineFormatError
 from moeviz.trace import Trace
 
@@ -83,11 +82,7 @@ class _Found:
 def _sequence(
     found: _Found, given: np.ndarray | None, layout: RoutingLayout, notes: list[str]
 ) -> RoutedSequence:
-    ids = found.token_ids
-    if given is not None:
-        if ids is not None:
-            check_same_ids(found.label, ids, given)
-        ids = given
+    ids = agreed_token_ids(found.label, found.token_ids, given)
     start = found.start
     length = len(ids) if ids is not None else found.usage_tokens
     if found.form == "base64" and length is not None:

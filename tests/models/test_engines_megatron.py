@@ -373,7 +373,7 @@ def test_replay_token_ids_given_must_match_the_response(tmp_path):
     path.write_text(json.dumps(completion_response(choices)))
     given = np.array(choices[0][0] + choices[0][1])
     given[4] += 1
-    with pytest.raises(InputError, match="first differing position 4"):
+    with pytest.raises(InputError, match="differ from the file's at position 4"):
         import_routing("megatron-replay", [path], MIXTRAL, token_ids=[given])
 
 

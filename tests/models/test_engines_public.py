@@ -1,6 +1,6 @@
-"""Public routing traces (`moeviz.engines.public`): FLAME-MoE Parquet traces and MoE-Infinity count matrices,
-written as their producers write them (tests/support/public_files.py), read back to the routing they
-encode, every trap handled and every impossible file refused with its own message."""
+"""Public routing traces (`moeviz.engines.flame`, `moeviz.engines.moe_infinity`): FLAME-MoE Parquet traces
+and MoE-Infinity count matrices, written as their producers write them (tests/support/public_files.py), read
+back to the routing they encode, every trap handled and every impossible file refused with its own message."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from moeviz.engines import import_routing
+from moeviz.engines.flame import flame_files, read_flame
 from moeviz.engines.layout import routing_layout
-from moeviz.engines.public import flame_files, read_flame
 from moeviz.errors import EngineFormatError, InputError
 from moeviz.trace import ExpertLoad, Trace
 from tests.support.public_files import (
@@ -366,7 +366,7 @@ def test_a_truncated_file_is_refused_before_it_is_read(tmp_path, matrix):
     np.save(path, np.tile(matrix, (1000, 1, 1)))
     path.write_bytes(path.read_bytes()[:400])
     with pytest.raises(
-        EngineFormatError, match=r"the header describes \[1000, 4, 8\] float64 \(256,000 bytes\)"
+        EngineFormatError, match=r"the \.npy header says \[1000, 4, 8\] float64 \(256,000 bytes\)"
     ):
         import_routing("moe-infinity", [path], MIXTRAL)
     (tmp_path / "text.npy").write_text("not numpy")

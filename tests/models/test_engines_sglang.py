@@ -1,4 +1,4 @@
-"""SGLang importers (`moeviz.engines.sglang`: sglang-dump, sglang-routed) on files written as SGLang
+"""SGLang importers (`moeviz.engines.sglang_dump`, `sglang_routed`) on files written as SGLang
 writes them (tests/support/sglang_files.py), for the configs of two sample models: deepseek-v3-bias (4 hidden
 layers, layer 0 dense, 16 experts, top-4) and mixtral-healthy (4 MoE layers, 8 experts, top-2).
 
@@ -64,8 +64,9 @@ def _logical_counts(logical_of_layer: dict[int, np.ndarray]) -> np.ndarray:
     return np.stack([np.bincount(logical_of_layer[layer].ravel(), minlength=E) for layer in MOE])
 
 
-def test_both_formats_are_registered_to_this_module():
-    assert FORMATS["sglang-dump"][0] == FORMATS["sglang-routed"][0] == "moeviz.engines.sglang"
+def test_both_formats_are_registered_to_their_modules():
+    assert FORMATS["sglang-dump"][0] == "moeviz.engines.sglang_dump"
+    assert FORMATS["sglang-routed"][0] == "moeviz.engines.sglang_routed"
 
 
 # ---------------------------------------------------------------------------------------------- stat
@@ -438,7 +439,7 @@ def test_per_token_token_ids_given_are_checked_against_the_dump(tmp_path):
         np.testing.assert_array_equal(got, request.token_ids)
     wrong = [ids.copy() for ids in whole]
     wrong[1][2] += 1
-    with pytest.raises(EngineFormatError, match="differ from the file's at position 2"):
+    with pytest.raises(InputError, match="differ from the file's at position 2"):
         import_routing("sglang-dump", [path], DEEPSEEK, token_ids=wrong)
     with pytest.raises(InputError, match="2 token-id sequences given for the 3 sequences"):
         import_routing("sglang-dump", [path], DEEPSEEK, token_ids=whole[:2])
@@ -652,7 +653,7 @@ def test_token_counts_that_disagree_with_the_rows_are_refused(tmp_path):
         _routed(tmp_path, ok, token_ids=[request.token_ids[:7]])
     wrong = request.token_ids.copy()
     wrong[6] += 1
-    with pytest.raises(EngineFormatError, match="differ from the file's at position 6"):
+    with pytest.raises(InputError, match="differ from the file's at position 6"):
         _routed(tmp_path, ok, token_ids=[wrong])
 
 

@@ -1,5 +1,6 @@
 """Files written exactly as SGLang writes them, built from SGLang's own definitions (no SGLang code: it does
-not install here), for the `moeviz.engines.sglang` tests. Sources, in sgl-project/sglang:
+not install here), for the tests of `moeviz.engines.sglang_dump` and `sglang_routed`. Sources, in
+sgl-project/sglang:
 
 - expert-distribution dumps (`eplb/expert_distribution.py@dd780ab9`): `torch.save` of
   `{"rank", "logical_count", "average_utilization_rate_over_window"}` (stat: a ring buffer `_CircularBuffer`

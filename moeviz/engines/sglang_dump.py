@@ -1,6 +1,7 @@
-"""SGLang's routing, read exactly as SGLang writes it (docs/engine-formats.md, "SGLang"):
+"""SGLang's expert-distribution recorder dumps (format "sglang-dump"), read exactly as SGLang writes them
+(docs/engine-formats.md, "SGLang"; its `return_routed_experts` responses: `sglang_routed`):
 
-- `sglang-dump`: the expert-distribution recorder's `torch.save` dicts (read with `weights_only=True` only),
+- the expert-distribution recorder's `torch.save` dicts (read with `weights_only=True` only),
   its mode told by the dict's keys:
   - `stat` / `stat_approx`: `logical_count` [buffer_steps, num_hidden_layers, E], a ring buffer whose
     unfilled rows are all zero → an `ExpertLoad` of the real steps;
@@ -10,9 +11,6 @@
   - `per_token`: one file per rank, `records` of `topk_ids_of_layer` [num_hidden_layers, T, 8] physical ids
     padded with -1, with the pass's `input_ids`, `positions`, `extend_seq_lens`, `forward_mode` → physical
     ids mapped to logical, sequences rebuilt from positions (the recorder keeps no request ids) → a Trace.
-- `sglang-routed`: saved `/generate` responses (`meta_info["routed_experts"]`) or OpenAI responses
-  (`sglext.routed_experts`): base64 of the flat [seq_len − 1 − start, num_hidden_layers, k] logical ids, int32
-  unless `routed_experts_dtype` says uint16/uint8 → a Trace.
 
 Sources (repo:path@commit): sgl-project/sglang python/sglang/srt/eplb/expert_distribution.py@dd780ab9,
 eplb/eplb_simulator/reader.py@5d2c83e6, eplb/expert_location.py@6270b014, layers/moe/topk.py@000328a8,
@@ -32,18 +30,14 @@ import numpy as np
 
 from moeviz.engines.checks import first_repeated_row
 from moeviz.engines.layout import RoutingLayout
-from moeviz.engines.responses import decode_base64, read_responses, token_list
 from moeviz.engines.routed import RoutedSequence, routed_trace
-from moeviz.engines.tokens import ids_for
+from moeviz.engines.tokens import agreed_token_ids, ids_for
 from moeviz.errors import EngineFormatError, InputError
 from moeviz.trace import UNKNOWN_TOKEN, ExpertLoad, Trace
 
 # ForwardBatch.forward_mode.value (forward_batch_info.py: ForwardMode, an IntEnum of auto() values)
 EXTEND, DECODE, MIXED, IDLE = 1, 2, 3, 4
 _MODE_NAMES = {EXTEND: "EXTEND", DECODE: "DECODE", MIXED: "MIXED", IDLE: "IDLE"}
-
-# routed_experts_wire.py: the dtypes a payload may be sent in; int32 when the response names none
-_WIRE_DTYPES = {"int32": np.dtype("<i4"), "uint16": np.dtype("<u2"), "uint8": np.dtype("u1")}
 
 _LAST_MAP_CAVEAT = (
     'SGLang keeps only the map in force when it dumped ("it may change during recording"); had EPLB '
@@ -52,12 +46,8 @@ _LAST_MAP_CAVEAT = (
 
 
 def read(fmt: str, files: Sequence[Path], layout: RoutingLayout, token_ids) -> Trace | ExpertLoad:
-    """Read SGLang files in format `fmt` ("sglang-dump" | "sglang-routed") for the model `layout`."""
-    if fmt == "sglang-dump":
-        return read_dump(files, layout, token_ids)
-    if fmt == "sglang-routed":
-        return read_routed(files, layout, token_ids)
-    raise InputError(f"moeviz.engines.sglang reads sglang-dump and sglang-routed, not {fmt!r}")
+    """Read SGLang recorder dumps (format "sglang-dump") for the model `layout`."""
+    return read_dump(files, layout, token_ids)
 
 
 # ----------------------------------------------------------------------------------------- sglang-dump
@@ -645,212 +635,10 @@ def _sequences(
         sequences.append(
             RoutedSequence(
                 experts=rows,
-                token_ids=_agreed_ids(label, known, user),
+                token_ids=agreed_token_ids(label, known, user),
                 start=chain.start,
                 prompt_len=chain.prompt_len,
                 label=label,
             )
         )
     return sequences, dropped
-
-
-def _agreed_ids(label: str, known: np.ndarray, given: np.ndarray | None) -> np.ndarray:
-    """The given ids where the user gave them (checked against every id the file knows), else the file's."""
-    if given is None:
-        return known
-    given = np.asarray(given, dtype=np.int64)
-    n = min(len(known), len(given))
-    differ = np.flatnonzero((known[:n] >= 0) & (known[:n] != given[:n]))
-    if len(differ):
-        pos = int(differ[0])
-        raise EngineFormatError(
-            f"{label}: the token ids given differ from the file's at position {pos} (given "
-            f"{int(given[pos])}, the file {int(known[pos])})"
-        )
-    return given
-
-
-# ------------------------------------------------------------------------------------- sglang-routed
-
-
-@dataclass
-class _Response:
-    label: str
-    payload: str
-    dtype: str | None
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    prompt_ids: np.ndarray | None
-    output_ids: np.ndarray | None
-    start: int | None  # routed_experts_start_len where the saved object states it
-
-
-def read_routed(
-    files: Sequence[Path], layout: RoutingLayout, token_ids: list[np.ndarray] | None = None
-) -> Trace:
-    """Saved SGLang responses with routed experts (/generate or OpenAI; JSON object, list, or JSONL)."""
-    responses = [r for f in files for r in _responses(Path(f))]
-    given = ids_for(token_ids, len(responses), f"the {len(responses)} responses given")
-    sequences, notes = [], []
-    for response, user in zip(responses, given, strict=True):
-        sequence, note = _routed_sequence(response, layout, user)
-        sequences.append(sequence)
-        if note:
-            notes.append(note)
-    dtypes = sorted({(r.dtype or "int32").strip().lower() for r in responses})
-    notes.insert(
-        0,
-        "SGLang return_routed_experts: logical expert ids (captured before the EPLB remap), one row per "
-        f"position from routed_experts_start_len to seq_len − 2 (the last sampled token never runs), "
-        f"every hidden layer with dense layers written as 0; sent as {', '.join(dtypes)}",
-    )
-    return routed_trace(layout, sequences, source="sglang-routed", notes=notes, ranked=False)
-
-
-def _responses(path: Path) -> list[_Response]:
-    return [_response(label, item) for label, item in read_responses(path, "sglang-routed")]
-
-
-def _response(label: str, item: dict) -> _Response:
-    if isinstance(item.get("meta_info"), dict):  # /generate (tokenizer_manager: out_dict)
-        meta = item["meta_info"]
-        payload, dtype = meta.get("routed_experts"), meta.get("routed_experts_dtype")
-        prompt_n, completion_n = meta.get("prompt_tokens"), meta.get("completion_tokens")
-        prompt_ids, output_ids = item.get("prompt_token_ids"), item.get("output_ids")
-        start = meta.get("routed_experts_start_len")
-        where = 'meta_info["routed_experts"]'
-    elif "choices" in item or "sglext" in item:  # OpenAI completions / chat: response-level SglExt
-        ext = item.get("sglext") or {}
-        if not isinstance(ext, dict):
-            raise EngineFormatError(f"{label}: sglext is a {type(ext).__name__}, not an object")
-        payload, dtype = ext.get("routed_experts"), ext.get("routed_experts_dtype")
-        choices = item.get("choices") or []
-        # SGLang builds sglext from the first choice only (serving_*: process_routed_experts_from_ret(ret[0]))
-        first = choices[0] if choices and isinstance(choices[0], dict) else {}
-        prompt_ids = first.get("prompt_token_ids", ext.get("input_ids"))
-        output_ids = first.get("token_ids")
-        if output_ids is None and isinstance(ext.get("output_ids"), list) and ext["output_ids"]:
-            output_ids = ext["output_ids"][0]
-        usage = item.get("usage") if isinstance(item.get("usage"), dict) else {}
-        prompt_n = usage.get("prompt_tokens")
-        completion_n = usage.get("completion_tokens") if len(choices) <= 1 else None  # summed over n
-        start = None
-        where = "sglext.routed_experts"
-    else:
-        raise EngineFormatError(
-            f"{label}: neither a /generate response (meta_info) nor an OpenAI one (choices, sglext); keys "
-            f"{sorted(map(str, item))[:12]}"
-        )
-    if payload is None:
-        raise EngineFormatError(
-            f"{label}: no {where}: request return_routed_experts: true from a server started with "
-            "--enable-return-routed-experts"
-        )
-    if not isinstance(payload, str):
-        raise EngineFormatError(f"{label}: {where} is a {type(payload).__name__}, not a base64 string")
-    if dtype is not None and not isinstance(dtype, str):
-        raise EngineFormatError(f"{label}: routed_experts_dtype is {dtype!r}, not a dtype name")
-    return _Response(
-        label=label,
-        payload=payload,
-        dtype=dtype,
-        prompt_tokens=_count(label, "prompt_tokens", prompt_n),
-        completion_tokens=_count(label, "completion_tokens", completion_n),
-        prompt_ids=token_list(prompt_ids, f"{label}, prompt token ids"),
-        output_ids=token_list(output_ids, f"{label}, output ids"),
-        start=_count(label, "routed_experts_start_len", start),
-    )
-
-
-def _count(label: str, what: str, value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise EngineFormatError(f"{label}: {what} is {value!r}, not a count")
-    return value
-
-
-def _decode_payload(response: _Response, layout: RoutingLayout) -> np.ndarray:
-    """[R, num_hidden_layers, k] ids, a read-only view of the decoded bytes in the sender's dtype."""
-    name = "int32" if response.dtype is None else response.dtype.strip().lower()
-    if name not in _WIRE_DTYPES:
-        raise EngineFormatError(
-            f"{response.label}: routed_experts_dtype {response.dtype!r}; SGLang sends "
-            f"{', '.join(_WIRE_DTYPES)}"
-        )
-    dtype = _WIRE_DTYPES[name]
-    raw = decode_base64(response.payload, f"{response.label}: routed_experts")
-    n_layers, k = layout.num_hidden_layers, layout.top_k
-    if len(raw) % dtype.itemsize:
-        raise EngineFormatError(
-            f"{response.label}: {len(raw)} bytes of routed experts is not a whole number of {name} ids"
-        )
-    count = len(raw) // dtype.itemsize
-    if count % (n_layers * k):
-        raise EngineFormatError(
-            f"{response.label}: {count} {name} ids is not a multiple of num_hidden_layers × k = "
-            f"{n_layers} × {k}; SGLang returns [seq_len − 1 − start, num_hidden_layers, k]: is --model the "
-            "model that served this response (and the dtype the one it sent)?"
-        )
-    return np.frombuffer(raw, dtype=dtype).reshape(-1, n_layers, k)
-
-
-def _routed_sequence(
-    response: _Response, layout: RoutingLayout, given: np.ndarray | None
-) -> tuple[RoutedSequence, str | None]:
-    label = response.label
-    experts = _decode_payload(response, layout)
-    rows = len(experts)
-    prompt_n, completion_n = response.prompt_tokens, response.completion_tokens
-    for what, ids, n in (
-        ("prompt token ids", response.prompt_ids, prompt_n),
-        ("output ids", response.output_ids, completion_n),
-    ):
-        if ids is not None and n is not None and len(ids) != n:
-            raise EngineFormatError(
-                f"{label}: {len(ids)} {what} but the response counts {n} {what.split()[0]} tokens"
-            )
-    if prompt_n is None and response.prompt_ids is not None:
-        prompt_n = len(response.prompt_ids)
-    if completion_n is None and response.output_ids is not None:
-        completion_n = len(response.output_ids)
-    note = None
-    known = None
-    if prompt_n is not None and completion_n is not None:
-        total = prompt_n + completion_n
-        # batch_result_processor: rows cover [start, seq_len − 1), seq_len = prompt + generated tokens
-        start = total - 1 - rows
-        if start < 0 or start > prompt_n:
-            raise EngineFormatError(
-                f"{label}: {rows} rows of routing for {total} tokens ({prompt_n} prompt + {completion_n} "
-                f"generated); SGLang returns seq_len − 1 − start rows with start in [0, {prompt_n}], i.e. "
-                f"{max(completion_n - 1, 0)} to {max(total - 1, 0)}"
-            )
-        if response.start is not None and response.start != start:
-            raise EngineFormatError(
-                f"{label}: routed_experts_start_len {response.start}, but {rows} rows for {total} tokens "
-                f"start at position {start}"
-            )
-        known = np.full(total, UNKNOWN_TOKEN, np.int64)
-        if response.prompt_ids is not None:
-            known[:prompt_n] = response.prompt_ids
-        if response.output_ids is not None:
-            known[prompt_n:] = response.output_ids
-        if start:
-            note = f"{label}: routing starts at position {start} (routed_experts_start_len)"
-    else:
-        start = response.start or 0
-        note = (
-            f"{label}: the response does not count its tokens, so its {rows} rows are taken to start at "
-            f"position {start}"
-        )
-    if given is not None:
-        token_ids = given if known is None else _agreed_ids(label, known, given)
-    elif known is not None and (known >= 0).any():
-        token_ids = known
-    else:
-        token_ids = None
-    sequence = RoutedSequence(
-        experts=experts, token_ids=token_ids, start=start, prompt_len=prompt_n, label=label
-    )
-    return sequence, note

@@ -1,8 +1,7 @@
-"""Public routing traces: FLAME-MoE's Parquet traces (per-token routing with the chosen experts' scores) and
-MoE-Infinity's expert count matrices (`.npy`, per sequence). The definitions, traps and sources:
+"""FLAME-MoE's public routing traces (format "flame"); definitions, traps and sources:
 docs/engine-formats.md, "Public traces".
 
-FLAME-MoE (`flame`, dataset CMU-FLAME/FLAME-MoE-Traces): `samples/NNN.parquet` (`token_id`, one row per
+The dataset (CMU-FLAME/FLAME-MoE-Traces): `samples/NNN.parquet` (`token_id`, one row per
 token) and `actives/iter_NNNN/layer_NN.parquet` (`indices` and `scores`: each token's top-k expert ids and
 router softmax probabilities, sorted by score), row i of every file the same token. `layer_NN` is
 Megatron's 1-based `layer_number` (hidden layer NN − 1; the first layer of every FLAME-MoE model is dense).
@@ -11,14 +10,6 @@ The files name neither sequences nor iterations beyond the folder, so:
 - one iteration per import: give `…/actives/iter_N` (or its layer files), or a model folder holding one
   iteration (`flame_files(…, iteration=N)` picks one of several);
 - a subset of the MoE layers may be given: the trace then holds those layers only (a note says so).
-
-MoE-Infinity (`moe-infinity`): `ExpertTracer` keeps one matrix [num_layers, num_experts] per sequence,
-each cell += how many of the sequence's (token, slot) choices went to that expert at that layer, over every
-forward of the sequence (prefill and each decode step); its `trace_collection` [capacity, num_layers,
-num_experts] is what `np.save` writes and `load_trace` reads back (`np.load(allow_pickle=False)`). The
-layer axis counts every hidden layer of a decoder (dense ones stay 0); the values are float (np.zeros /
-torch.zeros), whole numbers. Each matrix becomes one step of an `ExpertLoad`; an all-zero one (a collection
-slot never filled) is dropped.
 """
 
 from __future__ import annotations
@@ -35,22 +26,15 @@ from moeviz.engines.checks import check_expert_sets
 from moeviz.engines.layout import RoutingLayout
 from moeviz.engines.routed import RoutedSequence, routed_trace
 from moeviz.errors import EngineFormatError, InputError
-from moeviz.trace import ExpertLoad, Trace
+from moeviz.trace import Trace
 
 FLAME_LAYER = re.compile(r"^layer_(\d+)\.parquet$")
 FLAME_ITERATION = re.compile(r"^iter_(\d+)$")
 
 
-def read(fmt: str, files: Sequence[Path], layout: RoutingLayout, token_ids) -> Trace | ExpertLoad:
-    """The `moeviz.engines` entry point of both public formats."""
-    if fmt == "flame":
-        return read_flame(flame_files(files), layout, token_ids)
-    if fmt == "moe-infinity":
-        return read_moe_infinity(files, layout, token_ids)
-    raise ValueError(f"moeviz.engines.public reads flame and moe-infinity, not {fmt!r}")
-
-
-# ---- FLAME-MoE ---------------------------------------------------------------------------------------------
+def read(fmt: str, files: Sequence[Path], layout: RoutingLayout, token_ids) -> Trace:
+    """The `moeviz.engines` entry point of format "flame"."""
+    return read_flame(flame_files(files), layout, token_ids)
 
 
 @dataclass(frozen=True)
@@ -373,182 +357,3 @@ def _check_given(ids: list[np.ndarray], given: list[np.ndarray], samples: list[P
             raise EngineFormatError(
                 f"{path}, position {i}: token id {int(have[i])} in the file, {int(want[i])} in the ids given"
             )
-
-
-# ---- MoE-Infinity ------------------------------------------------------------------------------------------
-
-
-def read_moe_infinity(
-    files: Sequence[Path], layout: RoutingLayout, token_ids: list[np.ndarray] | None = None
-) -> ExpertLoad:
-    """An ExpertLoad with one step per sequence matrix: each file a matrix [L, E] or a saved trace
-    collection [S, L, E]; a folder stands for its .npy files."""
-    if token_ids is not None:
-        raise InputError("MoE-Infinity count matrices hold no tokens: --token-ids / --text do not apply")
-    paths: list[Path] = []
-    for path in map(Path, files):
-        if path.is_dir():
-            found = sorted(p for p in path.glob("*.npy") if p.is_file())
-            if not found:
-                raise InputError(f"{path}: no .npy file in the folder")
-            paths += found
-        else:
-            paths.append(path)
-    steps, labels, empty = [], [], 0
-    for path in paths:
-        array = _load_npy(path)
-        if array.ndim == 2:
-            names = [path.name]
-        elif array.ndim == 3:
-            names = [f"{path.name}[{i}]" for i in range(len(array))]
-        else:
-            raise EngineFormatError(
-                f"{path}: an array of shape {list(array.shape)}; MoE-Infinity writes [num_layers, "
-                "num_experts] per sequence or a trace collection [sequences, num_layers, num_experts]"
-            )
-        counts = _counts(array, path, layout)  # [n, L_moe, E] int64
-        keep = counts.reshape(len(counts), -1).any(axis=1)
-        empty += int((~keep).sum())
-        for index in np.flatnonzero(keep):
-            _check_sequence(counts[index], names[index], layout)
-        steps.append(counts[keep])
-        labels += [n for n, kept in zip(names, keep, strict=True) if kept]
-    if not labels:
-        raise EngineFormatError(f"{', '.join(map(str, paths))}: every count matrix is all zero (no sequence)")
-    notes = [
-        "MoE-Infinity expert counts: one step per sequence; a count is how many of the sequence's (token, "
-        "slot) choices went to the expert, summed over its prefill and decode steps"
-    ]
-    if empty:
-        notes.append(f"{empty} all-zero matrices dropped (trace-collection slots never filled)")
-    return ExpertLoad(
-        model=layout.model_info(notes),
-        counts=np.concatenate(steps),
-        layers=list(layout.moe_layers),
-        top_k=layout.top_k,
-        source="moe-infinity",
-        steps=labels,
-    )
-
-
-def _load_npy(path: Path) -> np.ndarray:
-    """The array of a .npy file: the header read first, so an object array is refused without unpickling
-    and a header that promises more bytes than the file holds is refused before anything is allocated."""
-    from numpy.lib import format as npy
-
-    if not path.is_file():
-        raise InputError(f"{path} is not a file")
-    with open(path, "rb") as handle:
-        try:
-            version = npy.read_magic(handle)
-            if version == (1, 0):
-                shape, _, dtype = npy.read_array_header_1_0(handle)
-            elif version in ((2, 0), (3, 0)):
-                shape, _, dtype = npy.read_array_header_2_0(handle)
-            else:
-                raise ValueError(f"format version {version}")
-        except ValueError as exc:
-            raise EngineFormatError(f"{path}: not a .npy file ({exc})") from exc
-        offset = handle.tell()
-    if dtype.hasobject:
-        raise EngineFormatError(
-            f"{path}: a .npy of Python objects (pickled); moeviz never unpickles a file — MoE-Infinity "
-            "writes numeric count matrices"
-        )
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    size = path.stat().st_size - offset
-    if size < expected:
-        raise EngineFormatError(
-            f"{path}: the header describes {list(shape)} {dtype} ({expected:,} bytes), the file holds "
-            f"{size:,}"
-        )
-    try:
-        return np.load(path, allow_pickle=False)
-    except ValueError as exc:
-        raise EngineFormatError(f"{path}: not a readable .npy file ({exc})") from exc
-
-
-def _counts(array: np.ndarray, path: Path, layout: RoutingLayout) -> np.ndarray:
-    """[n, L, E] → [n, L_moe, E] int64 counts: the dtype, values, layer axis and expert axis checked."""
-    kind = array.dtype.kind
-    if kind not in "iuf":
-        raise EngineFormatError(
-            f"{path}: dtype {array.dtype}; MoE-Infinity's counts are numbers (float from np.zeros / "
-            "torch.zeros, or integers)"
-        )
-    matrices = array if array.ndim == 3 else array[None]
-    n, layers, experts = matrices.shape
-    if experts != layout.num_experts:
-        raise EngineFormatError(
-            f"{path}: {experts} experts on the last axis, the model has {layout.num_experts} routed experts: "
-            "is --model the model that produced this file?"
-        )
-    if kind == "f":
-        finite = np.isfinite(matrices)
-        if not finite.all():
-            raise EngineFormatError(
-                f"{path}, {_cell(np.argwhere(~finite)[0], array.ndim)}: not a finite count"
-            )
-        fractional = matrices != np.floor(matrices)
-        if fractional.any():
-            where = np.argwhere(fractional)[0]
-            raise EngineFormatError(
-                f"{path}, {_cell(where, array.ndim)}: {float(matrices[tuple(where)])} is not a whole count "
-                "(MoE-Infinity adds whole tokens)"
-            )
-    negative = matrices < 0
-    if negative.any():
-        where = np.argwhere(negative)[0]
-        raise EngineFormatError(
-            f"{path}, {_cell(where, array.ndim)}: negative count {matrices[tuple(where)]}"
-        )
-    if layers == layout.num_hidden_layers:
-        moe = list(layout.moe_layers)
-        dense = [i for i in range(layers) if i not in layout.moe_layers]
-        routed = np.flatnonzero(matrices[:, dense].reshape(n, -1).any(axis=1)) if dense else []
-        if len(routed):
-            row = matrices[routed[0], dense]
-            layer = dense[int(np.flatnonzero(row.any(axis=1))[0])]
-            raise EngineFormatError(
-                f"{path}: layer {layer} is dense in the model, but the file counts tokens there: is --model "
-                "the model that produced this file?"
-            )
-    elif layers == len(layout.moe_layers):
-        moe = list(range(layers))
-    else:
-        raise EngineFormatError(
-            f"{path}: {layers} layers on the layer axis; the model has {layout.num_hidden_layers} hidden "
-            f"layers, {len(layout.moe_layers)} of them MoE: is --model the model that produced this file?"
-        )
-    return matrices[:, moe].astype(np.int64)
-
-
-def _cell(where: np.ndarray, ndim: int) -> str:
-    names = ("sequence", "layer", "expert")[3 - ndim :]
-    return ", ".join(f"{name} {int(i)}" for name, i in zip(names, where[-ndim:], strict=True))
-
-
-def _check_sequence(counts: np.ndarray, label: str, layout: RoutingLayout) -> None:
-    """Counts [L_moe, E] of one sequence that a router can produce: every MoE layer routes the same T tokens
-    to k distinct experts each, so every layer counts k·T slots and no expert more than T."""
-    k, layers = layout.top_k, layout.moe_layers
-    totals = counts.sum(axis=1)
-    if (totals != totals[0]).any():
-        i = int(np.flatnonzero(totals != totals[0])[0])
-        raise EngineFormatError(
-            f"{label}: layer {layers[i]} counts {int(totals[i])} slots, layer {layers[0]} "
-            f"{int(totals[0])}; every token passes every MoE layer, so these cannot be one sequence's counts"
-        )
-    if totals[0] % k:
-        raise EngineFormatError(
-            f"{label}: {int(totals[0])} slots per layer is not a multiple of k = {k} (each token takes k "
-            "slots): is --model the model that produced this file?"
-        )
-    tokens = int(totals[0]) // k
-    over = np.argwhere(counts > tokens)
-    if over.size:
-        i, expert = (int(v) for v in over[0])
-        raise EngineFormatError(
-            f"{label}: expert {expert} of layer {layers[i]} counts {int(counts[i, expert])} of {tokens} "
-            "tokens; a token picks an expert at most once"
-        )
