@@ -202,8 +202,19 @@ def marks(page: Page, key: str, role: str = "rect mark") -> int:
 
 
 def next_change(page: Page, at_most_ms: int = 500) -> None:
-    """Until the page's DOM next changes (a rerun's element, a redrawn mark), or `at_most_ms` passes."""
-    page.evaluate(_NEXT_CHANGE_JS, at_most_ms)
+    """Until the page's DOM next changes (a rerun's element, a redrawn mark), or `at_most_ms` passes. A
+    page that replaces its document meanwhile (Streamlit's page switch, a reload) drops the observer's
+    promise: that is a change too."""
+    from playwright.sync_api import Error
+
+    try:
+        page.evaluate(_NEXT_CHANGE_JS, at_most_ms)
+    except Error as exc:
+        if not any(gone in str(exc) for gone in _CONTEXT_GONE):
+            raise
+
+
+_CONTEXT_GONE = ("promise was garbage collected", "Execution context was destroyed")
 
 
 _NEXT_CHANGE_JS = """ms => new Promise(resolve => {
