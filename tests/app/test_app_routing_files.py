@@ -39,6 +39,7 @@ from moeviz.whatif.ep import EPConfig, simulate_ep, simulate_ep_load
 from moeviz.whatif.routes import routes_from_trace
 from tests.support.app import APP, app_test_env, run_page
 from tests.support.scale_models import SHAPES
+from tests.support.traces import load_table_collapsing_layer_0
 
 MODEL = "sample:mixtral-healthy"  # the sidebar's default: 8 experts, top-2, 4 MoE layers
 UNRANKED_MODEL = "sample:deepseek-v3-bias"  # 16 experts, top-4, layer 0 dense
@@ -83,16 +84,7 @@ def files(tmp_path_factory):
         ranked=False,
     )
     paths["unranked"] = unranked.to_parquet(folder / "unranked.parquet")
-    counts = np.random.default_rng(0).integers(5, 40, size=(3, len(layout.moe_layers), 8)) * layout.top_k
-    counts[:, 0, 0] = counts[:, 0, 1:].sum(axis=1)  # layer 0: every token sent to expert 0 (half the slots)
-    load = ExpertLoad(
-        model=layout.model_info([]),
-        counts=counts.astype(np.int64),
-        layers=list(layout.moe_layers),
-        top_k=layout.top_k,
-        source="sglang-dump",
-    )
-    paths["load"] = load.to_parquet(folder / "load.parquet")
+    paths["load"] = load_table_collapsing_layer_0(layout).to_parquet(folder / "load.parquet")
     return paths
 
 

@@ -5,7 +5,6 @@ routing-file-load.png."""
 
 from __future__ import annotations
 
-import numpy as np
 from playwright.sync_api import Browser
 
 from moeviz.analysis.collapse import load_collapse_report
@@ -22,21 +21,13 @@ from tests.support.browser import (
     save_screenshot,
     wait_until_idle,
 )
+from tests.support.traces import load_table_collapsing_layer_0
 
 
 def load_table(folder) -> ExpertLoad:
     """Expert counts of 3 steps for the sidebar's sample (8 experts, top-2), every token of layer 0 sent to
     expert 0, saved as `folder`/counts.parquet."""
-    layout = routing_layout(MODEL)
-    counts = np.random.default_rng(1).integers(5, 40, size=(3, len(layout.moe_layers), 8)) * layout.top_k
-    counts[:, 0, 0] = counts[:, 0, 1:].sum(axis=1)  # layer 0: every token sent to expert 0 (half the slots)
-    load = ExpertLoad(
-        model=layout.model_info([]),
-        counts=counts.astype(np.int64),
-        layers=list(layout.moe_layers),
-        top_k=layout.top_k,
-        source="sglang-dump",
-    )
+    load = load_table_collapsing_layer_0(routing_layout(MODEL), seed=1)
     load.to_parquet(folder / "counts.parquet")
     return load
 

@@ -241,3 +241,21 @@ def assert_traces_equal(a: Trace, b: Trace) -> None:
             assert y.bias is None
         else:
             np.testing.assert_array_equal(x.bias, y.bias)
+
+
+def load_table_collapsing_layer_0(layout, seed: int = 0):
+    """An ExpertLoad of 3 steps for the model `layout` describes (a `moeviz.engines.layout.RoutingLayout`):
+    counts of 5–39 tokens per expert (times k), except layer 0, where every token goes to expert 0 (which
+    then holds half the slots)."""
+    from moeviz.trace import ExpertLoad
+
+    shape = (3, len(layout.moe_layers), layout.num_experts)
+    counts = np.random.default_rng(seed).integers(5, 40, size=shape) * layout.top_k
+    counts[:, 0, 0] = counts[:, 0, 1:].sum(axis=1)
+    return ExpertLoad(
+        model=layout.model_info([]),
+        counts=counts.astype(np.int64),
+        layers=list(layout.moe_layers),
+        top_k=layout.top_k,
+        source="sglang-dump",
+    )
