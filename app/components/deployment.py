@@ -147,6 +147,39 @@ def ep_load_whatif(input_key: str, _load: ExpertLoad, settings: tuple, fit_on_pa
     return simulate_ep_load(_load, plain, groups=groups), simulate_ep_load(_load, config, groups=groups), ""
 
 
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def ep_layout_controls(
+    experts: int, placements: list[str], *, key: str, placement_help: str
+) -> tuple[int, int, str, int]:
+    """The EP tab's first row: GPUs, GPUs per node, placement (one of `placements`, eplb first chosen; its
+    widget keyed `key`) and redundant slots → (gpus, gpus_per_node, placement, redundant), for routing of
+    tokens and for a load table alike."""
+    a, b, c, d = st.columns(4)
+    gpu_options = divisors(experts)
+    gpus = a.selectbox("GPUs", gpu_options, index=min(2, len(gpu_options) - 1), key="ep_gpus")
+    per_node_options = divisors(gpus)
+    gpus_per_node = b.selectbox(
+        "GPUs per node",
+        per_node_options,
+        index=max(0, len(per_node_options) - 2),
+        key="ep_gpus_per_node",
+        help="GPUs of one node share NVLink; the rest is reached over the inter-node network",
+    )
+    placement = c.selectbox(
+        "Placement", placements, index=placements.index("eplb"), key=key, help=placement_help
+    )
+    redundant = d.selectbox(
+        "Redundant slots",
+        [gpus * i for i in range(0, max(experts // gpus, 1) + 1)] if placement != "contiguous" else [0],
+        key="ep_redundant",
+        help="Extra expert copies, a multiple of the GPU count (as EPLB requires); none for contiguous",
+    )
+    return gpus, gpus_per_node, placement, redundant
+
+
 def show_ep_placements(before, after, placement: str, redundant: int) -> None:
     """The EP tab's two GPU-load heatmaps (contiguous, no copies | the chosen placement) side by side and
     their balancedness per layer: the same views for an EPResult of tokens and an EPLoadResult of counts."""

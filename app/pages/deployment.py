@@ -38,10 +38,6 @@ QUANT = "deployment_quant"  # session: {(model key, text, dtype, target): QuantR
 PREFETCH = "deployment_prefetch"  # session: {(model key, text): prefetch recall frame}
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 st.title("Deployment what-ifs")
 source = pickers.model_picker()
 chosen = page_input.page_input(source, corpus=True)
@@ -98,25 +94,12 @@ ep_tab, offload_tab, capacity_tab, quant_tab, size_tab = st.tabs(
 
 if ep_tab.open is not False and load_table is not None:
     with ep_tab:
-        a, b, c, d = st.columns(4)
-        gpus = a.selectbox("GPUs", divisors(experts), index=min(2, len(divisors(experts)) - 1), key="ep_gpus")
-        per_node_options = divisors(gpus)
-        gpus_per_node = b.selectbox(
-            "GPUs per node", per_node_options, index=max(0, len(per_node_options) - 2), key="ep_gpus_per_node"
-        )
-        placement = c.selectbox(
-            "Placement",
+        gpus, gpus_per_node, placement, redundant = deployment.ep_layout_controls(
+            experts,
             ["contiguous", "eplb"],
-            index=1,
             key="ep_load_placement",
-            help="contiguous: expert e on GPU e // (E/G); eplb: DeepSeek's EPLB rebalance_experts on the "
-            "counts. (traffic needs which experts tokens choose together: per-token routing.)",
-        )
-        redundant = d.selectbox(
-            "Redundant slots",
-            [gpus * i for i in range(0, max(experts // gpus, 1) + 1)] if placement != "contiguous" else [0],
-            key="ep_redundant",
-            help="Extra expert copies, a multiple of the GPU count (as EPLB requires); none for contiguous",
+            placement_help="contiguous: expert e on GPU e // (E/G); eplb: DeepSeek's EPLB rebalance_experts "
+            "on the counts. (traffic needs which experts tokens choose together: per-token routing.)",
         )
         fit_on_part = st.toggle(
             "Fit on one part",
@@ -166,29 +149,12 @@ if load_table is not None:
 
 if ep_tab.open is not False and load_table is None:
     with ep_tab:
-        a, b, c, d = st.columns(4)
-        gpus = a.selectbox("GPUs", divisors(experts), index=min(2, len(divisors(experts)) - 1), key="ep_gpus")
-        per_node_options = divisors(gpus)
-        gpus_per_node = b.selectbox(
-            "GPUs per node",
-            per_node_options,
-            index=max(0, len(per_node_options) - 2),
-            key="ep_gpus_per_node",
-            help="GPUs of one node share NVLink; the rest is reached over the inter-node network",
-        )
-        placement = c.selectbox(
-            "Placement",
-            PLACEMENTS,
-            index=PLACEMENTS.index("eplb"),
+        gpus, gpus_per_node, placement, redundant = deployment.ep_layout_controls(
+            experts,
+            list(PLACEMENTS),
             key="ep_placement",
-            help="contiguous: expert e on GPU e // (E/G); eplb: DeepSeek's EPLB rebalance_experts; traffic: "
-            "experts often chosen together on the same GPU/node, under a balance constraint",
-        )
-        redundant = d.selectbox(
-            "Redundant slots",
-            [gpus * i for i in range(0, max(experts // gpus, 1) + 1)] if placement != "contiguous" else [0],
-            key="ep_redundant",
-            help="Extra expert copies, a multiple of the GPU count (as EPLB requires); none for contiguous",
+            placement_help="contiguous: expert e on GPU e // (E/G); eplb: DeepSeek's EPLB rebalance_experts; "
+            "traffic: experts often chosen together on the same GPU/node, under a balance constraint",
         )
         a, b, c, d = st.columns(4)
         token_source = a.selectbox(
