@@ -25,6 +25,11 @@ class NotMoEModelError(ModelSourceError):
     pass
 
 
+class UnsupportedModelError(ModelSourceError):
+    """The model type is one moeviz refuses, for the reason its family table gives (a block-diffusion model,
+    a token classifier)."""
+
+
 class CorruptWeightsError(ModelSourceError):
     pass
 

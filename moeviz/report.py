@@ -202,14 +202,32 @@ def _layer_row(
 
 
 def _trace_notes(trace: Trace) -> tuple[str, ...]:
-    """What a trace without router logits (imported from an engine) cannot give."""
+    """What the routing's source and the family's rules mean for the numbers: router logits absent (an
+    engine import), the captured sub-model of a composite, hash-routed layers, zero-computation experts."""
+    notes = []
+    if trace.model.language_model:
+        notes.append(f"text model captured: {trace.model.language_model}")
     missing = [r for r in trace.layers if not r.has_logits]
-    if not missing:
-        return ()
-    sources = ", ".join(dict.fromkeys(r.decision_source for r in missing))
-    which = "every MoE layer" if len(missing) == len(trace.layers) else f"{len(missing)} MoE layer(s)"
-    return (
-        f"router logits absent in {which} (routing from {sources}): {', '.join(SCORE_KEYS)} need router "
-        "scores and are null there, and the verdict's z-loss rule is not applied; the verdict judges the "
-        "load",
-    )
+    if missing:
+        sources = ", ".join(dict.fromkeys(r.decision_source for r in missing))
+        which = "every MoE layer" if len(missing) == len(trace.layers) else f"{len(missing)} MoE layer(s)"
+        notes.append(
+            f"router logits absent in {which} (routing from {sources}): {', '.join(SCORE_KEYS)} need router "
+            "scores and are null there, and the verdict's z-loss rule is not applied; the verdict judges the "
+            "load"
+        )
+    hashed = [r.layer for r in trace.layers if r.hash_routed]
+    if hashed:
+        notes.append(
+            f"layer(s) {', '.join(map(str, hashed))} choose experts by a fixed token-id table (hash "
+            "routing): their router scores only weight the chosen experts; margins do not explain the choice"
+        )
+    zero = [r for r in trace.layers if r.zero_experts]
+    if zero:
+        slots = sum(r.experts.size for r in zero)
+        skipped = sum(int((r.experts >= r.routed_experts).sum()) for r in zero)
+        notes.append(
+            f"{zero[0].zero_experts} zero-computation expert(s) per layer: {skipped / slots:.1%} of the "
+            "slots went there (compute skipped); loads, dead experts and balance count the routed experts"
+        )
+    return tuple(notes)

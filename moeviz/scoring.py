@@ -12,9 +12,14 @@ from fractions import Fraction
 
 import numpy as np
 
+# Elementwise score functions: a token's score for one expert depends on that expert's logit alone.
+ELEMENTWISE_SCORES = ("sigmoid", "sqrtsoftplus")
+SCORE_FUNCTIONS = ("softmax", *ELEMENTWISE_SCORES)
+
 
 def scores_from_logits(logits: np.ndarray, score_fn: str) -> np.ndarray:
-    """Router scores [N, E] from raw logits [N, E]: softmax over experts, or elementwise sigmoid."""
+    """Router scores [N, E] from raw logits [N, E]: softmax over experts, or elementwise sigmoid, or
+    sqrt(softplus(x)) (DeepSeek-V4's `sqrtsoftplus`, softplus(x) = log(1 + e^x) computed without overflow)."""
     logits = logits.astype(np.float32, copy=False)
     if score_fn == "softmax":
         shifted = logits - logits.max(axis=-1, keepdims=True)
@@ -22,7 +27,9 @@ def scores_from_logits(logits: np.ndarray, score_fn: str) -> np.ndarray:
         return exp / exp.sum(axis=-1, keepdims=True)
     if score_fn == "sigmoid":
         return 1.0 / (1.0 + np.exp(-logits))
-    raise ValueError(f"unknown score function {score_fn!r} (expected 'softmax' or 'sigmoid')")
+    if score_fn == "sqrtsoftplus":
+        return np.sqrt(np.logaddexp(np.float32(0), logits))
+    raise ValueError(f"unknown score function {score_fn!r} (expected one of {', '.join(SCORE_FUNCTIONS)})")
 
 
 def selection_scores(scores: np.ndarray, bias: np.ndarray | None) -> np.ndarray:

@@ -120,7 +120,31 @@ def layer_options(keys: list[tuple[str, int]]) -> dict[str, tuple[str, int]]:
 def pick_layer(trace: moeviz.Trace, label: str = "MoE layer") -> tuple[str, int]:
     """Layer slider whose choice survives page switches (`st.session_state["layer"]`); → (site, layer)."""
     layers = layer_options(trace.layer_keys)
-    return layers[kept("layer", list(layers), st.select_slider, label, list(layers))]
+    site, layer = layers[kept("layer", list(layers), st.select_slider, label, list(layers))]
+    _layer_kind(trace.layer(layer, site))
+    return site, layer
+
+
+def _layer_kind(routing) -> None:
+    """Say what is special about the chosen layer's routing: a hash table chose its experts, it has
+    zero-computation experts, or it is one pass of a looped block."""
+    notes = []
+    if routing.hash_routed:
+        notes.append(
+            "This layer chooses experts by a fixed token-id table (hash routing): the router scores only "
+            "weight the chosen experts, so scores and margins do not explain the choice."
+        )
+    if routing.zero_experts:
+        first = routing.routed_experts
+        notes.append(
+            f"Experts {first}–{routing.num_experts - 1} are zero-computation experts (they compute nothing); "
+            "loads and balance count only experts "
+            f"0–{first - 1}."
+        )
+    if routing.loop_pass:
+        notes.append(f"Pass {routing.loop_pass + 1} of a looped block ({routing.module}).")
+    if notes:
+        st.caption(" ".join(notes))
 
 
 def pick_token(options: dict[str, tuple[int, int]], clicked: tuple[int, int] | None) -> tuple[int, int]:

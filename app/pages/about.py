@@ -5,7 +5,8 @@ import streamlit as st
 from components import caches, exports, load_options, page_input, pickers
 from components.scale import trace_at_scale
 
-from moeviz.architecture import bias_frame, layer_facts_frame, parameter_summary
+from moeviz.analysis import balance_frame
+from moeviz.architecture import bias_frame, dense_layers, layer_facts_frame, parameter_summary
 from moeviz.charts import bias_chart, layer_expert_heatmap
 from moeviz.models.memory import format_bytes
 
@@ -60,7 +61,10 @@ params = parameter_summary(
 
 model_source, options = load_options.split_key(source)
 loaded_with = f" · loaded with {options.label()}" if options.changed() else ""
-st.caption(f"{info.architecture} ({info.model_type}) · {model_source} · {info.dtype}{loaded_with}")
+text_model = f" · text model captured: {info.language_model}" if info.language_model else ""
+st.caption(
+    f"{info.architecture} ({info.model_type}) · {model_source} · {info.dtype}{loaded_with}{text_model}"
+)
 a, b, c, d = st.columns(4)
 a.metric("Layers", info.num_layers, help="Transformer blocks")
 b.metric("MoE layers", len(facts), help="Blocks with a router (the rest are dense)")
@@ -76,6 +80,23 @@ b.metric(
 )
 c.metric("Active fraction", f"{params['active_fraction']:.0%}" if params["active_fraction"] else "?")
 d.metric("Routed-expert parameters", f"{params['routed']:,}", help="Weights inside routed experts")
+dense = dense_layers(trace)
+zero = facts["zero_experts"].max() if len(facts) else 0
+a, b = st.columns(2)
+a.metric(
+    "Dense layers",
+    ", ".join(map(str, dense)) if dense else "none",
+    help="Layers without a router (dense-first layers, or the dense half of an interleaved model)",
+)
+if zero:
+    skipped = balance_frame(trace)["skipped_fraction"].mean()
+    b.metric(
+        "Zero-computation experts",
+        f"{zero} · {skipped:.1%} of slots",
+        help="Experts that compute nothing (identity or skip) beside the routed ones; the share of this "
+        "prompt's expert slots that went to them is compute the router skipped. Loads, dead experts and "
+        "balance count only the routed experts.",
+    )
 
 st.subheader("Precision, device and memory")
 a, b, c, d = st.columns(4)
@@ -107,9 +128,12 @@ if loaded.info.notes:
 st.subheader("MoE layers")
 st.dataframe(facts, hide_index=True)
 st.caption(
-    "score_fn: how router logits become scores (softmax over experts, or an independent sigmoid per expert); "
-    "shared_experts: experts every token uses besides the routed ones; capacity: most tokens an expert may "
-    "take per batch (None = unlimited, no token dropped); decision_source: where moeviz read the routing."
+    "score_fn: how router logits become scores (softmax over experts, or an independent sigmoid or "
+    "sqrt-softplus per expert); selection: what the top-k was taken on (a hash table: a fixed token-id → "
+    "experts table, the scores only weight the chosen experts); zero_experts: experts that compute nothing, "
+    "beside the routed ones; shared_experts: experts every token uses besides the routed ones; capacity: "
+    "most tokens an expert may take per batch (None = unlimited, no token dropped); decision_source: where "
+    "moeviz read the routing; block and pass: a looped block runs once per pass, each pass its own layer."
 )
 exports.table_downloads(facts, "moe_layers")
 

@@ -71,6 +71,8 @@ else:
         f"{chosen.routing.model.architecture} · {routes.tokens} tokens in {routes.sequences} sequence(s) · "
         f"{len(routes.layers)} MoE layers · {experts} experts, top-{k} · replayed from {replayed}"
     )
+    if stored is None and routes.notes:  # zero-computation experts: the compute the router skipped
+        st.info(" ".join(routes.notes))
 if load_table is None and (stored is not None or chosen.from_file):
     replayed_kind = "store was traced with" if stored is not None else "routing file was taken from"
     model_experts = sorted({site.num_experts for site in loaded.sites})

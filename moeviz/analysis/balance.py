@@ -16,6 +16,7 @@ Conventions (other tools log some of these differently; the peer-comparable valu
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -30,10 +31,20 @@ if TYPE_CHECKING:
 
 
 def expert_counts(routing: LayerRouting) -> np.ndarray:
-    """Tokens dispatched to each expert [E] (a token counts once per expert it was sent to). Takes anything
-    with `experts [N, k]` and `num_experts` (also the what-if simulators' LayerRoutes)."""
+    """Tokens dispatched to each expert [E] (a token counts once per expert it was sent to; E counts a
+    layer's zero-computation experts too, the last ids: balance counts them apart, `routed_counts`). Takes
+    anything with `experts [N, k]` and `num_experts` (also the what-if simulators' LayerRoutes)."""
     experts = routing.experts[routing.experts >= 0]
     return np.bincount(experts, minlength=routing.num_experts).astype(np.int64)
+
+
+def routed_counts(routing: LayerRouting, counts: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """(loads of the experts that compute [..., E − Z], slots sent to the Z zero-computation experts) from
+    `counts` [..., E] (default `expert_counts`): LongCat-Flash's identity experts and ZAYA's skip take
+    slots but no compute, so loads, dead experts and balance leave them out."""
+    counts = expert_counts(routing) if counts is None else counts
+    routed = getattr(routing, "routed_experts", counts.shape[-1])
+    return counts[..., :routed], int(counts[..., routed:].sum())
 
 
 def load_entropy_nats(counts: np.ndarray) -> np.ndarray | float:
@@ -144,10 +155,17 @@ class BalanceStats:
     dead_fraction: float  # dead_experts / E
     devices: int | None = None  # D for ep_balancedness
     ep_balancedness: float = float("nan")  # mean_d L_d / max_d L_d, in (0, 1]
+    skipped: int = 0  # slots sent to zero-computation experts (not in counts; in kT)
 
     @property
     def num_experts(self) -> int:
         return len(self.counts)
+
+    @property
+    def skipped_fraction(self) -> float:
+        """The share of the kT slots the router sent to zero-computation experts: compute it skipped."""
+        slots = self.tokens * self.top_k
+        return self.skipped / slots if slots else float("nan")
 
     @property
     def dropped_fraction(self) -> float:
@@ -263,13 +281,15 @@ def balance_from_counts(
 
 def balance_stats(routing: LayerRouting, devices: int | None = None) -> BalanceStats:
     """Balance of one MoE layer; `devices` = D for expert-parallel balancedness (E % D must be 0)."""
-    return balance_from_counts(
-        expert_counts(routing),
+    counts, skipped = routed_counts(routing)
+    stats = balance_from_counts(
+        counts,
         tokens=len(routing.token_rows),
         top_k=routing.k,
         dropped=int((routing.experts < 0).sum()),
         devices=devices,
     )
+    return dataclasses.replace(stats, skipped=skipped) if skipped else stats
 
 
 BALANCE_COLUMNS = [
@@ -280,6 +300,7 @@ BALANCE_COLUMNS = [
     "top_k",
     "dropped",
     "dropped_fraction",
+    "skipped_fraction",
     *INDICATOR_NAMES,
     "min_utilisation",
     "max_utilisation",
@@ -299,6 +320,7 @@ def balance_record(layer: int, site: str, s: BalanceStats) -> dict[str, object]:
         "top_k": s.top_k,
         "dropped": s.dropped,
         "dropped_fraction": s.dropped_fraction,
+        "skipped_fraction": s.skipped_fraction,
         **{name: getattr(s, name) for name in INDICATOR_NAMES},
         "min_utilisation": float("nan") if empty else float(s.utilisation.min()),
         "max_utilisation": float("nan") if empty else float(s.utilisation.max()),

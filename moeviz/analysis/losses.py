@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from moeviz.scoring import ELEMENTWISE_SCORES, SCORE_FUNCTIONS
 from moeviz.trace import LayerRouting, Trace
 
 BIAS_STD_FLAG = 1.0  # Megatron-Core: a bias spread above this means balancing is fighting the router
@@ -53,19 +54,22 @@ def rowwise_sum(a: np.ndarray) -> np.ndarray:
 def router_probs(routing: LayerRouting) -> np.ndarray:
     """The router's probability distribution over experts [N, E], fp32, rows summing to 1.
 
-    Softmax routers: the scores themselves. Sigmoid routers: scores normalised to sum 1 per token (an all-zero
-    row, only possible by underflow, becomes uniform).
+    Softmax routers: the scores themselves. Sigmoid (and sqrtsoftplus) routers: scores normalised to sum 1
+    per token (an all-zero row, only possible by underflow, becomes uniform).
     """
     return normalise_scores(routing.scores, routing.score_fn)
 
 
 def normalise_scores(scores: np.ndarray, score_fn: str) -> np.ndarray:
-    """Scores [N, E] → per-token distribution [N, E]: softmax as is, sigmoid divided by the row sum."""
+    """Scores [N, E] → per-token distribution [N, E]: softmax as is, an elementwise score (sigmoid,
+    sqrtsoftplus) divided by the row sum."""
     scores = np.asarray(scores, dtype=np.float32)
     if score_fn == "softmax":
         return scores
-    if score_fn != "sigmoid":
-        raise ValueError(f"unknown score function {score_fn!r} (expected 'softmax' or 'sigmoid')")
+    if score_fn not in ELEMENTWISE_SCORES:
+        raise ValueError(
+            f"unknown score function {score_fn!r} (expected one of {', '.join(SCORE_FUNCTIONS)})"
+        )
     total = rowwise_sum(scores)[:, None]
     uniform = np.float32(1.0 / max(scores.shape[1], 1))
     return np.divide(scores, total, out=np.full_like(scores, uniform), where=total > 0)

@@ -299,8 +299,9 @@ def load_confidence(
     q = [(1 - level) / 2, 1 - (1 - level) / 2]
     share = observed / slots if slots else np.full(e, np.nan)
     low, high = np.quantile(boot / slots, q, axis=0) if slots else (share, share)
-    seen = balance_indicators(observed, t, k, INDICATORS)
-    spread = balance_indicators(boot, t, k, INDICATORS)
+    routed = getattr(routing, "routed_experts", e)  # zero-computation experts are not balanced
+    seen = balance_indicators(observed[:routed], t, k, INDICATORS)
+    spread = balance_indicators(boot[:, :routed], t, k, INDICATORS)
     values = np.stack([spread[name] for name in INDICATORS], axis=1)  # [draws, indicators]
     finite = np.isfinite(values).all(axis=0)
     bounds = np.full((2, len(INDICATORS)), np.nan)

@@ -29,10 +29,14 @@ from moeviz.analysis.balance import balance_stats, expert_balance_rows, expert_c
 from moeviz.analysis.confidence import eligible_experts
 from moeviz.analysis.losses import aux_loss_dispatched, router_probs, top_k_indices
 from moeviz.errors import InputError
-from moeviz.scoring import capacity_ranks, expert_capacity, scores_from_logits, selection_scores
+from moeviz.scoring import (
+    SCORE_FUNCTIONS,
+    capacity_ranks,
+    expert_capacity,
+    scores_from_logits,
+    selection_scores,
+)
 from moeviz.trace import LayerRouting, Trace
-
-SCORE_FUNCTIONS = ("softmax", "sigmoid")
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,7 +44,8 @@ class RerouteSettings:
     """How to re-route one layer. `RerouteSettings.captured(routing)` reproduces the captured routing.
 
     k: experts per token (1..E); temperature: logits are divided by it before the score function (> 0);
-    score_fn: "softmax" | "sigmoid"; bias [E] | None: added to the scores for selection only;
+    score_fn: one of `moeviz.scoring.SCORE_FUNCTIONS`; bias [E] | None: added to the scores (bias_on "scores")
+    or the logits (bias_on "logits": Kolibri-1) for selection only;
     capacity_factor: None = no capacity (nothing dropped), else CF > 0 (Megatron capacity per sequence, probs
     drop policy); renormalise: weights = chosen scores / their sum (else the scores themselves); scale: the
     weights' multiplier (DeepSeek-V3's routed_scaling_factor; 1 elsewhere); group_limit: apply the captured
@@ -54,6 +59,7 @@ class RerouteSettings:
     renormalise: bool = True
     scale: float = 1.0
     group_limit: bool = True
+    bias_on: str = "scores"
 
     @classmethod
     def captured(cls, routing: LayerRouting) -> RerouteSettings:
@@ -61,7 +67,14 @@ class RerouteSettings:
         capacity, and the weight rule read off its weights (renormalised or not, and the scale)."""
         renormalise, scale = _weight_rule(routing)
         bias = None if routing.bias is None else np.asarray(routing.bias, dtype=np.float32).copy()
-        return cls(k=routing.k, score_fn=routing.score_fn, bias=bias, renormalise=renormalise, scale=scale)
+        return cls(
+            k=routing.k,
+            score_fn=routing.score_fn,
+            bias=bias,
+            renormalise=renormalise,
+            scale=scale,
+            bias_on=routing.bias_on,
+        )
 
     def key(self) -> tuple:
         """A hashable value that identifies these settings (the bias by its values)."""
@@ -74,6 +87,7 @@ class RerouteSettings:
             None if self.capacity_factor is None else float(self.capacity_factor),
             bool(self.renormalise),
             float(self.scale),
+            self.bias_on,
             bool(self.group_limit),
         )
 
@@ -164,11 +178,14 @@ def reroute(routing: LayerRouting, settings: RerouteSettings, seqs: np.ndarray |
         logits = logits / np.float32(settings.temperature)
     scores = scores_from_logits(logits, settings.score_fn)
     bias = None if settings.bias is None else np.asarray(settings.bias, dtype=np.float32)
-    selection = selection_scores(scores, bias)
+    biased = logits if settings.bias_on == "logits" and bias is not None else scores
+    selection = selection_scores(biased, bias)
     groups = _groups(routing, settings)
     choose_on = selection
     if groups is not None:
-        probe = dataclasses.replace(routing, logits=logits, score_fn=settings.score_fn, bias=bias)
+        probe = dataclasses.replace(
+            routing, logits=logits, score_fn=settings.score_fn, bias=bias, bias_on=settings.bias_on
+        )
         choose_on = np.where(eligible_experts(probe), selection, np.float32(-np.inf))
     experts = top_k_indices(choose_on, k) if n else np.zeros((0, k), dtype=np.int64)
     weights = np.take_along_axis(scores, experts, axis=1)

@@ -21,6 +21,7 @@ from moeviz.capture.hooks import Recorder, recording
 from moeviz.errors import CaptureError, InputError, PromptTooLongError
 from moeviz.models.decoding import (
     DECODERS,
+    NEEDS_TOP_K,
     expert_args_look_like_decision,
     from_expert_args,
     from_router_tuple,
@@ -98,7 +99,8 @@ def capture(
     with ExitStack() as stack:
         recorder = stack.enter_context(recording(model, loaded.sites))
         if progress is not None:
-            total, done = len(loaded.sites) * max(1, generate), itertools.count(1)
+            passes = sum(site.passes for site in loaded.sites)
+            total, done = passes * max(1, generate), itertools.count(1)
             recorder.on_router = lambda _site: progress(next(done), total)
         attn_recorder = stack.enter_context(recording_attention(model)) if attention else None
         stack.enter_context(torch.inference_mode())
@@ -107,9 +109,12 @@ def capture(
     calls: dict[str, list[tuple[np.ndarray, np.ndarray | None]]] = {}  # per stream: rows, keep of each call
     decided = _decisions_across_layers(loaded.sites, recorder)
     layers = [
-        _decode_site(site, i, recorder, streams, row_grids, calls, decided.get(i))
+        routing
         for i, site in enumerate(loaded.sites)
+        for routing in _decode_passes(site, i, recorder, streams, row_grids, calls, decided.get(i))
     ]
+    if any(site.passes > 1 for site in loaded.sites):  # looped blocks: occurrences in execution order
+        layers.sort(key=lambda routing: routing.layer)
     message = routing_warning(layers)
     if message is not None:
         warnings.warn(message, RoutingWarning, stacklevel=2)
@@ -405,7 +410,7 @@ def _token_strings(decode: Callable[[list[int]], list[str]], ids: np.ndarray) ->
 
 
 # ---- decoding -------------------------------------------------------------------------------------------
-def _decode_site(
+def _decode_passes(
     site: MoESite,
     index: int,
     recorder: Recorder,
@@ -413,8 +418,30 @@ def _decode_site(
     row_grids: dict[str, np.ndarray],
     calls: dict[str, list[tuple[np.ndarray, np.ndarray | None]]],
     decided: tuple[np.ndarray, np.ndarray] | None = None,
-) -> LayerRouting:
+) -> list[LayerRouting]:
+    """The routing of each pass of `site` (one, unless its block is looped: the router then runs
+    `site.passes` times per forward, pass after pass, and each pass is its own layer occurrence)."""
     outputs, args = recorder.router_outputs[index], recorder.expert_args[index]
+    if site.passes == 1:
+        return [_decode_site(site, outputs, args, streams, row_grids, calls, decided)]
+    return [
+        _decode_site(
+            site, outputs[p :: site.passes], args[p :: site.passes], streams, row_grids, calls, None, p
+        )
+        for p in range(site.passes)
+    ]
+
+
+def _decode_site(
+    site: MoESite,
+    outputs: list,
+    args: list,
+    streams: dict[str, _Stream],
+    row_grids: dict[str, np.ndarray],
+    calls: dict[str, list[tuple[np.ndarray, np.ndarray | None]]],
+    decided: tuple[np.ndarray, np.ndarray] | None = None,
+    loop_pass: int = 0,
+) -> LayerRouting:
     stream = streams[site.stream]
     if not outputs:
         raise CaptureError(
@@ -424,7 +451,8 @@ def _decode_site(
         )
     if len(outputs) != len(stream.calls):
         raise CaptureError(
-            f"layer {site.layer} ({site.name}): router ran {len(outputs)} times, expected {len(stream.calls)}"
+            f"layer {site.layer} ({site.name}): router ran {len(outputs) * site.passes} times, expected "
+            f"{len(stream.calls) * site.passes}"
         )
     if site.decoder != "auto" and site.needs_expert_args and len(args) != len(outputs):
         raise CaptureError(
@@ -464,7 +492,7 @@ def _decode_site(
         site.score_fn if site.decoder != "auto" else _infer_score_fn(logits, expert_parts, weight_parts)
     )
     return LayerRouting(
-        layer=site.layer,
+        layer=site.pass_layers[loop_pass],
         site=site.site,
         token_rows=_join(row_parts),
         logits=logits,
@@ -480,6 +508,10 @@ def _decode_site(
         n_group=site.n_group,
         topk_group=site.topk_group,
         group_score=site.group_score,
+        zero_experts=site.zero_experts,
+        hash_routed=site.hash_routed,
+        bias_on=site.bias_on,
+        loop_pass=loop_pass,
     )
 
 
@@ -553,7 +585,8 @@ def _decision(site: MoESite, output, args, logits: np.ndarray) -> tuple[np.ndarr
         weights = _numpy_view(w, float32=True).reshape(-1, w.shape[-1])
         return (*sort_slots_np(experts, weights), "dispatch")
     if site.decoder != "auto":
-        experts, weights = DECODERS[site.decoder](output, args)
+        k = {"k": site.top_k} if site.decoder in NEEDS_TOP_K else {}
+        experts, weights = DECODERS[site.decoder](output, args, **k)
         source = "dispatch" if site.needs_expert_args else "router_output"
     elif expert_args_look_like_decision(args):
         (experts, weights), source = from_expert_args(output, args), "dispatch"

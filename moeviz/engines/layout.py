@@ -82,16 +82,17 @@ def _cached_layout(folder: str, source: str, mtime_ns: int) -> RoutingLayout:
     import torch
 
     from moeviz.models.checks import exception_line, read_config
-    from moeviz.models.loading import MODEL_BUILD_LOCK, _auto_class, _num_layers
+    from moeviz.models.composite import auto_class_for, runnable_config
+    from moeviz.models.loading import MODEL_BUILD_LOCK, _num_layers
     from moeviz.models.sites import find_moe_sites
 
     path = Path(folder)
-    config = read_config(path, trust_remote_code=False)
+    config, _ = runnable_config(read_config(path, trust_remote_code=False))
     if getattr(config, "is_encoder_decoder", False):
         raise LayoutError(f"{source} is an encoder-decoder model: engine routing imports are for decoders")
     try:
         with MODEL_BUILD_LOCK, torch.device("meta"):
-            skeleton = _auto_class(config).from_config(config)
+            skeleton = auto_class_for(config, path).from_config(config)
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError) as exc:
         from moeviz.errors import NotAModelFolderError
 

@@ -145,10 +145,12 @@ def _check_index(index: Path) -> None:
             )
 
 
-# Sizes every model needs positive (where the config has them as integers).
+# Sizes every model needs positive (where the config has them as integers); `head_dim` may be 0 (GLM-5-next's
+# NoPE attention), never negative.
+_NON_NEGATIVE_SIZES = ("head_dim",)
 _POSITIVE_SIZES = (
     "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "vocab_size", "head_dim", "d_model", "d_ff", "n_layers", "n_heads", "num_layers",
+    "num_key_value_heads", "vocab_size", "d_model", "d_ff", "n_layers", "n_heads", "num_layers",
     "num_heads", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim",
     "encoder_attention_heads", "decoder_attention_heads", "ffn_hidden_size",
 )  # fmt: skip
@@ -180,6 +182,8 @@ def _check_config(folder: Path, config) -> None:
     for name, value in fields:
         if name in _POSITIVE_SIZES + EXPERT_COUNT_KEYS and any(v <= 0 for v in _ints(value)):
             raise InvalidConfigError(f"{folder}/config.json: {name} must be a positive integer, got {value}")
+        if name in _NON_NEGATIVE_SIZES and any(v < 0 for v in _ints(value)):
+            raise InvalidConfigError(f"{folder}/config.json: {name} must be >= 0, got {value}")
     experts = [(n, v) for n, value in fields if n in EXPERT_COUNT_KEYS for v in _ints(value)]
     if not experts:
         return

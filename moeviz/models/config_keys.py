@@ -20,12 +20,15 @@ TOP_K_KEYS = (
     "moe_topk",
     "moe_top_k",
     "num_selected_experts",
+    "top_k_experts",
     "top_k",
 )
 STRICT_TOP_K_KEYS = TOP_K_KEYS[:-1]
 # decoder (or encoder-decoder) blocks
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layers", "num_layers", "encoder_layers", "decoder_layers")
 SHARED_EXPERT_KEYS = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")
+# zero-computation (identity) experts the router can choose besides the routed ones
+ZERO_EXPERT_KEYS = ("zero_expert_num",)
 # a router's attribute name in its MoE block (Switch Transformers and NLLB-MoE call it `classifier`)
 ROUTER_NAMES = ("gate", "router", "wg", "classifier")
 

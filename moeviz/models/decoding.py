@@ -83,6 +83,30 @@ def from_sorted_gating(router_out: Any, args: Sequence[Any]) -> Decision:
     return sort_slots(experts.view(n_tokens, k), weights.view(n_tokens, k))
 
 
+def from_skip_class(router_out: Any, args: Sequence[Any]) -> Decision:
+    """ZAYA: the router scores E experts and a skip class (id E, the last of its [N, E + 1] logits); a token
+    that chose the skip class reaches `experts(hidden, index, weights)` as expert 0 with weight exactly 0
+    (a softmax probability is never 0), which is decoded back to id E (a zero-computation expert)."""
+    idx, w = args[1], args[2]
+    experts, weights = idx.reshape(-1, idx.shape[-1]).long(), w.reshape(-1, w.shape[-1]).float()
+    skip = router_out[0].shape[-1] - 1
+    return sort_slots(torch.where((experts == 0) & (weights == 0), skip, experts), weights)
+
+
+def product_key_logits(halves: torch.Tensor) -> torch.Tensor:
+    """Doge's product-key router: halves [2, N, K] (the router output as the block reshapes it) → the score
+    of every expert [N, K²], expert i·K + j scoring x[n, i] + y[n, j] (autograd kept)."""
+    x, y = halves[0], halves[1]
+    return (x[:, :, None] + y[:, None, :]).reshape(x.shape[0], -1)
+
+
+def from_product_keys(router_out: Any, args: Sequence[Any], k: int = 2) -> Decision:
+    """Doge: the block returns (hidden, router logits [2, N, K]); it keeps the k best pair scores
+    x_i + y_j (expert i·K + j) and weights them by a softmax over those k."""
+    scores, experts = torch.topk(product_key_logits(router_out[1].float()), k, dim=-1)
+    return sort_slots(experts, torch.softmax(scores, dim=-1))
+
+
 def from_router_tuple(router_out: Any, args: Sequence[Any]) -> Decision:
     """Generic: a router returning (logits [N, E], weights [N, k], index [N, k]) in any order."""
     found = _find_index_and_weights(router_out)
@@ -133,6 +157,10 @@ DECODERS: dict[str, Callable[[Any, Sequence[Any]], Decision]] = {
     "sigmoid_router_scores": from_sigmoid_router_scores,
     "sorted_gating": from_sorted_gating,
     "router_tuple": from_router_tuple,
+    "product_keys": from_product_keys,
+    "zaya_skip": from_skip_class,
 }
+# Decoders that need the number of experts per token (`MoESite.top_k`) passed as `k`.
+NEEDS_TOP_K = {"product_keys"}
 # Decoders that read the experts module's arguments (the others read the router output alone).
-NEEDS_EXPERT_ARGS = {"expert_args", "one_hot_mask", "dense_weights"}
+NEEDS_EXPERT_ARGS = {"expert_args", "one_hot_mask", "dense_weights", "zaya_skip"}

@@ -30,6 +30,7 @@ from moeviz.errors import (
     NotAModelFolderError,
     NotMoEModelError,
     UnknownSampleError,
+    UnsupportedModelError,
 )
 from moeviz.models.checks import (
     check_config_against_weights,
@@ -38,7 +39,9 @@ from moeviz.models.checks import (
     exception_line,
     read_config,
 )
+from moeviz.models.composite import auto_class_for, language_model, runnable_config, text_config
 from moeviz.models.config_keys import LAYER_COUNT_KEYS, config_int
+from moeviz.models.families import refusal
 from moeviz.models.memory import ActivationShape, MemoryEstimate, estimate_memory, refuse_if_too_large
 from moeviz.models.placement import (
     align_inputs,
@@ -51,7 +54,7 @@ from moeviz.models.placement import (
 from moeviz.models.progress import reporting_progress
 from moeviz.models.quantization import RUNS_QUANTISED, check_quantization
 from moeviz.models.safetensors_headers import stored_bytes
-from moeviz.models.sites import MoESite, find_moe_sites
+from moeviz.models.sites import MoESite, find_moe_sites, pass_layers
 from moeviz.resources import bundled_path
 from moeviz.settings import current_settings
 from moeviz.trace import ModelInfo
@@ -235,13 +238,14 @@ class _CheckedSource:
     config: Any  # the transformers config, checked against the weights
     use_safetensors: bool
     trust_remote_code: bool
+    note: str | None = None  # what was loaded when it is not the whole checkpoint (`runnable_config`)
 
 
 @dataclass
 class _LoadPlan:
     """How a checked source will load (`load_model`'s second step): decided on a meta-device skeleton."""
 
-    auto_class: Any  # AutoModelForCausalLM or AutoModelForSeq2SeqLM
+    auto_class: Any  # a transformers auto class (`composite.auto_class_for`)
     dtype: torch.dtype
     placement: dict[str, Any]  # `from_pretrained` keywords (`placement.placement_keywords`)
     device_map: str | int | dict[str, Any] | None
@@ -261,10 +265,15 @@ def _check(
         raise LoadOptionError("offload_folder and max_memory need a device_map (e.g. device_map='auto')")
     folder = resolve_source(source)
     check_regular_files(folder)  # before anything is opened: a FIFO would block the open forever
-    config = read_config(folder, trust_remote_code)
+    config, note = runnable_config(read_config(folder, trust_remote_code))
+    reason = refusal(config.model_type)
+    if reason is not None:
+        raise UnsupportedModelError(
+            f"{folder}: moeviz does not capture model_type {config.model_type!r}: {reason}"
+        )
     use_safetensors, headers = check_weight_files(folder)  # headers only: cheap, and bounds the config
     check_config_against_weights(folder, config, headers)
-    return _CheckedSource(str(source), folder, config, use_safetensors, trust_remote_code)
+    return _CheckedSource(str(source), folder, config, use_safetensors, trust_remote_code, note)
 
 
 def _plan(
@@ -279,7 +288,7 @@ def _plan(
     """Build the model on the meta device (no weights allocated) to find its MoE layers and size it; choose
     its dtype and device, ask whether its quantisation runs here, and refuse it when it does not fit."""
     folder, config = checked.folder, checked.config
-    auto_class = _auto_class(config)
+    auto_class = auto_class_for(config, folder)
     target = pick_device(device)  # with a device_map, only the dtype rule and messages use it
     load_dtype = resolve_dtype(dtype, config, folder, target)
     try:
@@ -338,9 +347,10 @@ def _materialise(
     if plan.placement:
         align_inputs(model)
     sites = find_moe_sites(model)
-    notes = [plan.quantization_note] if plan.quantization_note else []
+    text_path, text_model = language_model(model)
+    notes = [n for n in (checked.note, plan.quantization_note) if n]
     declared = json.loads((folder / "config.json").read_text()).get("model_type")
-    if declared != config.model_type:
+    if declared != config.model_type and checked.note is None:
         notes.append(
             f"config declares model_type {declared!r}; read as the built-in {config.model_type!r} "
             "(the folder's own code was not run)"
@@ -353,24 +363,19 @@ def _materialise(
             source=checked.source,
             model_type=str(config.model_type),
             architecture=type(model).__name__,
-            num_layers=_num_layers(config),
+            num_layers=_num_layers(config, text_model),
             num_parameters=sum(p.numel() for p in model.parameters()),
             dtype=str(plan.dtype).removeprefix("torch."),
             device=placement_summary(model),
             parameter_bytes=plan.estimate.parameter_bytes,
             notes=notes,
+            language_model=f"{text_path} ({type(text_model).__name__})" if text_path else "",
         ),
         folder=folder,
         max_length=_max_length(config),
         device=input_device(model),
         memory=plan.estimate,
     )
-
-
-def _auto_class(config):
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
-
-    return AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
 
 
 def _load_tokenizer(folder: Path, trust_remote_code: bool):
@@ -388,13 +393,21 @@ def _load_tokenizer(folder: Path, trust_remote_code: bool):
         ) from exc
 
 
-def _num_layers(config) -> int:
-    return config_int(config, LAYER_COUNT_KEYS) or 0
+def _num_layers(config, text_model: nn.Module | None = None) -> int:
+    """Decoder layers in execution order: the length of the text model's `layers` where it has one
+    (LongCat-Flash's config counts two sub-layers per block), else the config's count; a looped block counts
+    once per pass (`sites.pass_layers`)."""
+    if text_model is not None and not getattr(config, "is_encoder_decoder", False):
+        for name, module in text_model.named_modules():
+            if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] == "layers" and len(module):
+                return pass_layers(text_config(config), len(module) - 1)[-1] + 1
+    return config_int(text_config(config), LAYER_COUNT_KEYS) or config_int(config, LAYER_COUNT_KEYS) or 0
 
 
 def _max_length(config) -> int | None:
-    for attr in ("max_position_embeddings", "max_seq_len", "n_positions"):
-        value = getattr(config, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
+    for source in (text_config(config), config):
+        for attr in ("max_position_embeddings", "max_seq_len", "n_positions"):
+            value = getattr(source, attr, None)
+            if isinstance(value, int) and value > 0:
+                return value
     return None

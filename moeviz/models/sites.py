@@ -15,41 +15,28 @@ from typing import Any
 import torch
 from torch import nn
 
-from moeviz.models.config_keys import ROUTER_NAMES, SHARED_EXPERT_KEYS, TOP_K_KEYS, config_int, layer_index
-from moeviz.models.decoding import NEEDS_EXPERT_ARGS
+from moeviz.models.composite import language_model, text_config
+from moeviz.models.config_keys import (
+    ROUTER_NAMES,
+    SHARED_EXPERT_KEYS,
+    TOP_K_KEYS,
+    ZERO_EXPERT_KEYS,
+    config_int,
+    layer_index,
+)
+from moeviz.models.decoding import NEEDS_EXPERT_ARGS, product_key_logits
+from moeviz.models.families import FAMILIES, Family, family
+from moeviz.scoring import SCORE_FUNCTIONS
 
-# model_type -> (score function, decoder). Score function: how router logits become router scores.
-FAMILY_RULES: dict[str, tuple[str, str]] = {
-    **{
-        family: ("softmax", "expert_args")
-        for family in (
-            "mixtral",
-            "minimax",
-            "qwen2_moe",
-            "qwen3_moe",
-            "qwen3_next",
-            "olmoe",
-            "hunyuan_v1_moe",
-            "jamba",
-            "deepseek_v2",
-            "ernie4_5_moe",
-            "gpt_oss",
-            "granitemoe",
-            "phimoe",
-            "dbrx",
-        )
-    },
-    **{family: ("sigmoid", "expert_args") for family in ("deepseek_v3", "glm4_moe", "kimi_linear")},
-    "llama4_text": ("sigmoid", "sigmoid_router_scores"),
-    "llama4": ("sigmoid", "sigmoid_router_scores"),
-    "jetmoe": ("softmax", "sorted_gating"),
-    "switch_transformers": ("softmax", "one_hot_mask"),
-    "nllb-moe": ("softmax", "dense_weights"),
-}
-SUPPORTED_FAMILIES = tuple(sorted(FAMILY_RULES))
+SUPPORTED_FAMILIES = tuple(sorted(t for t, row in FAMILIES.items() if row.support != "refused"))
 
 _DEFAULT_TOP_K = {"one_hot_mask": 1, "dense_weights": 2}
-_BIAS_NAME = "e_score_correction_bias"
+# balancing-bias names: DeepSeek-V3 and most, AFMoE and LFM2-MoE (on the MoE block), ZAYA
+_BIAS_NAMES = ("e_score_correction_bias", "expert_bias", "balancing_biases")
+# routed experts that serve another modality than text (ERNIE-4.5-VL's `vision_moe`): text never reaches them
+_OTHER_MODALITIES = re.compile(r"(^|\.)(vision|visual|audio)[a-z_]*(\.|$)")
+_SHARED_NAMES = ("shared_experts", "shared_expert", "shared_mlp")
+_LOOP_KEYS = ("loop_layer_index_start", "loop_layer_index_end", "loop_num_passes")
 
 
 @dataclass
@@ -68,7 +55,7 @@ class MoESite:
     experts: nn.Module | None
     logits_index: int | None  # position of the raw logits in the router's output tuple; None = output itself
     decoder: str  # key into decoding.DECODERS, or "auto" for structural discovery
-    score_fn: str  # "softmax" | "sigmoid"
+    score_fn: str  # one of `moeviz.scoring.SCORE_FUNCTIONS`
     num_experts: int
     top_k: int | None
     bias: torch.Tensor | None = field(default=None, repr=False)  # live reference: read at capture time
@@ -77,6 +64,22 @@ class MoESite:
     n_group: int | None = None  # group-limited routing (see `LayerRouting`); None = no group limit
     topk_group: int | None = None
     group_score: str | None = None  # "top2_sum" (DeepSeek-V3, GLM-4.5, Kimi) | "max" (DeepSeek-V2)
+    zero_experts: int = (
+        0  # the last ids of the E router outputs compute nothing (`LayerRouting.zero_experts`)
+    )
+    hash_routed: bool = False  # experts chosen by a token-id table, not by the scores (`LayerRouting`)
+    bias_on: str = "scores"  # what the balancing bias is added to for selection (`LayerRouting.bias_on`)
+    outputs_probabilities: bool = False  # the router outputs probabilities: logits are recorded as log p
+    # a looped block's router runs once per pass: the layer occurrence of each pass (`LayerRouting.loop_pass`)
+    pass_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.pass_layers:
+            self.pass_layers = (self.layer,)
+
+    @property
+    def passes(self) -> int:
+        return len(self.pass_layers)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -98,27 +101,52 @@ class MoESite:
             tensor = next((t for t in floats if t.shape[-1] == self.num_experts), None)
             if tensor is None:
                 return None
+        if self.decoder == "product_keys":
+            return product_key_logits(tensor)
+        if self.outputs_probabilities:  # softmax(log p) = p: the scores come out as the model's
+            tensor = torch.log(tensor.float())
         return tensor.reshape(-1, tensor.shape[-1])
 
     def router_scores(self, logits: torch.Tensor, selection: bool = False) -> torch.Tensor:
         """Router scores [..., E] from logits, in torch with autograd kept (`moeviz.scoring` is the numpy
-        version): sigmoid or softmax over experts, plus the balancing bias when `selection`."""
-        scores = torch.sigmoid(logits) if self.score_fn == "sigmoid" else torch.softmax(logits, dim=-1)
+        version): softmax over experts, sigmoid or sqrt(softplus); plus the balancing bias when
+        `selection`."""
+        if self.score_fn == "sigmoid":
+            scores = torch.sigmoid(logits)
+        elif self.score_fn == "sqrtsoftplus":
+            scores = torch.nn.functional.softplus(logits).sqrt()
+        else:
+            scores = torch.softmax(logits, dim=-1)
         if selection and self.bias is not None:
             scores = scores + self.bias.detach().float().reshape(-1)
         return scores
 
 
 def find_moe_sites(model: nn.Module) -> list[MoESite]:
-    """All MoE layers of `model`, in module order. Empty for a dense model."""
+    """All MoE layers of `model`'s text path, in module order (in a composite model, those of its language
+    model: `composite.language_model`). Empty for a dense model."""
+    prefix, text_model = language_model(model)
     config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    recorder = _router_recorder(model)
-    if recorder is not None:
-        sites = _sites_from_recorder(model, recorder, model_type)
-        if sites:
-            return sites
-    return _sites_by_structure(model, model_type)
+    # a composite's text model is often a known family inside (Kimi K2.5: deepseek_v3)
+    row = family(getattr(text_config(config), "model_type", None)) or family(
+        getattr(config, "model_type", None)
+    )
+    recorder = _router_recorder(text_model)
+    sites = _sites_from_recorder(text_model, prefix, recorder, row) if recorder is not None else []
+    # MoE blocks transformers' router table leaves out (DeepSeek-V4's hash routers) are found by structure;
+    # a recorded module that holds such blocks (ERNIE-4.5-VL's modality block) gives way to them
+    seen = {id(m) for site in sites for m in (site.router, site.experts) if m is not None}
+    extra = [
+        site
+        for site in _sites_by_structure(text_model, prefix, row)
+        if id(site.router) not in seen and id(site.experts) not in seen
+    ]
+    if not extra:
+        return sites
+    sites = [s for s in sites if not any(x.name.startswith(s.name + ".") for x in extra)]
+    extra = [x for x in extra if not _OTHER_MODALITIES.search(x.name.removeprefix(prefix))]
+    order = {name: i for i, (name, _) in enumerate(text_model.named_modules(prefix=prefix))}
+    return sorted(sites + extra, key=lambda site: order[site.name])
 
 
 def _router_recorder(model: nn.Module):
@@ -130,25 +158,25 @@ def _router_recorder(model: nn.Module):
     return None
 
 
-def _sites_from_recorder(model: nn.Module, recorder, model_type: str | None) -> list[MoESite]:
-    score_fn, decoder = FAMILY_RULES.get(model_type, (None, "auto"))
+def _sites_from_recorder(model: nn.Module, prefix: str, recorder, row: Family | None) -> list[MoESite]:
     sites = []
-    modules = dict(model.named_modules())
+    modules = dict(model.named_modules(prefix=prefix))
     for name, module in modules.items():
         if not isinstance(module, recorder.target_class):
             continue
         if recorder.layer_name and not name.endswith(recorder.layer_name):
             continue
-        parent = modules[name.rsplit(".", 1)[0]] if "." in name else model
+        parent = modules.get(name.rsplit(".", 1)[0], model) if "." in name else model
         experts = getattr(parent, "experts", None)
         experts = experts if isinstance(experts, nn.Module) and experts is not module else None
-        sites.append(_make_site(model, name, module, parent, experts, recorder.index, decoder, score_fn))
+        sites.append(_make_site(model, modules, name, module, experts, recorder.index, row))
     return sites
 
 
-def _sites_by_structure(model: nn.Module, model_type: str | None) -> list[MoESite]:
+def _sites_by_structure(model: nn.Module, prefix: str, row: Family | None) -> list[MoESite]:
     sites = []
-    for name, block in model.named_modules():
+    modules = dict(model.named_modules(prefix=prefix))
+    for name, block in modules.items():
         experts = getattr(block, "experts", None)
         if not isinstance(experts, nn.Module):
             continue
@@ -157,30 +185,49 @@ def _sites_by_structure(model: nn.Module, model_type: str | None) -> list[MoESit
             weight = _router_weight(router) if isinstance(router, nn.Module) else None
             if weight is not None and weight.shape[0] > 1:
                 full = f"{name}.{router_name}" if name else router_name
-                sites.append(_make_site(model, full, router, block, experts, None, "auto", None))
+                sites.append(_make_site(model, modules, full, router, experts, None, row))
                 break
     return sites
 
 
-def _make_site(model, name, router, block, experts, logits_index, decoder, score_fn) -> MoESite:
-    config = getattr(model, "config", None)
+def _make_site(model, modules, name, router, experts, logits_index, row: Family | None) -> MoESite:
+    """The site of the router at `name` (in `modules`, the model's named modules); its block is the router's
+    parent."""
+    config = text_config(getattr(model, "config", None))
+    block_name = name.rsplit(".", 1)[0] if "." in name else ""
+    block = modules.get(block_name, model)
+    outer = modules.get(block_name.rsplit(".", 1)[0] if "." in block_name else "", model)
+    decoder = row.decoder if row is not None else "auto"
     bias = _find_bias(router)
     bias = bias if bias is not None else _find_bias(block)
     weight = _router_weight(router)
-    num_experts = int(weight.shape[0]) if weight is not None else int(getattr(router, "num_experts", 0))
-    if score_fn is None:  # unknown family: sigmoid when the config says so, else softmax
-        scoring = str(getattr(config, "scoring_func", "") or getattr(config, "score_func", "")).lower()
-        score_fn = "sigmoid" if scoring == "sigmoid" else "softmax"
+    if decoder == "product_keys":  # Doge: K keys on each side, expert i·K + j
+        num_experts = int(router.num_keys) ** 2
+    elif bias is not None:  # one bias per router output (Inkling's projection also scores shared experts)
+        num_experts = int(bias.numel())
+    elif weight is not None:
+        num_experts = int(weight.shape[0])
+    else:
+        num_experts = int(getattr(router, "num_experts", 0))
+    score_fn = row.score_fn if row is not None else None
+    if score_fn is None:  # the score function the config names, else softmax
+        named = (getattr(config, key, None) for key in ("scoring_func", "score_func", "expert_selection_fn"))
+        scoring = str(next((n for n in named if n), "")).lower()
+        score_fn = scoring if scoring in SCORE_FUNCTIONS else "softmax"
     is_enc_dec = bool(getattr(config, "is_encoder_decoder", False))
     in_encoder = bool(re.search(r"(^|\.)encoder\.", name))
     if is_enc_dec:
         site, stream = ("encoder", "input") if in_encoder else ("decoder", "decoder")
     else:
         site, stream = ("attention" if "attention" in name else "mlp"), "input"
-    shared = getattr(block, "shared_experts", None) or getattr(block, "shared_expert", None)
+    # Doge's product-key block runs its own dense MLP beside the retrieved experts
+    shared = router if decoder == "product_keys" else _shared_module(block, outer, experts)
+    block_index = layer_index(name.removeprefix(_prefix_of(modules))) or 0
+    occurrences = pass_layers(config, block_index)
     return MoESite(
         name=name,
-        layer=layer_index(name) or 0,
+        layer=occurrences[0],
+        pass_layers=occurrences,
         site=site,
         stream=stream,
         router=router,
@@ -194,7 +241,68 @@ def _make_site(model, name, router, block, experts, logits_index, decoder, score
         capacity=getattr(router, "expert_capacity", None),
         shared_experts=_shared_expert_count(config) if isinstance(shared, nn.Module) else 0,
         **_group_limit(router, num_experts),
+        zero_experts=1 if decoder == "zaya_skip" else _zero_expert_count(config, num_experts),
+        hash_routed=_hash_table(router) is not None,
+        bias_on=row.bias_on if row is not None else "scores",
+        outputs_probabilities=row.outputs_probabilities if row is not None else False,
     )
+
+
+def _prefix_of(modules: dict[str, nn.Module]) -> str:
+    """The path prefix of a named-module listing (its first key: the root's name)."""
+    return next(iter(modules), "")
+
+
+def pass_layers(config, block: int) -> tuple[int, ...]:
+    """The layer occurrence of each pass of decoder block `block`, counting blocks in execution order: a
+    looped model (Inkling2-Loop: blocks `loop_layer_index_start` … `loop_layer_index_end` − 1 run
+    `loop_num_passes` times per forward) runs the loop's blocks pass after pass, so pass p of looped block b
+    is occurrence b + p·L (L looped blocks) and every later block moves down by (P − 1)·L."""
+    start, end, passes = (getattr(config, key, None) for key in _LOOP_KEYS)
+    if (
+        not all(isinstance(v, int) for v in (start, end, passes))
+        or passes <= 1
+        or not start < end
+        or block < start
+    ):
+        return (block,)
+    looped = end - start
+    if block >= end:
+        return (block + (passes - 1) * looped,)
+    return tuple(block + p * looped for p in range(passes))
+
+
+def _shared_module(block: nn.Module, outer: nn.Module, experts: nn.Module | None) -> nn.Module | None:
+    """The always-on expert beside the routed ones: on the MoE block (`shared_experts`, `shared_expert`),
+    on its parent (Granite's `shared_mlp`, ERNIE-4.5-VL's outer block), or — where the router and experts
+    sit directly in the decoder layer (Gemma 4) — the layer's dense `mlp`, which runs in parallel."""
+    for holder in (block, outer):
+        for name in _SHARED_NAMES:
+            module = getattr(holder, name, None)
+            if isinstance(module, nn.Module):
+                return module
+    mlp = getattr(block, "mlp", None)
+    return (
+        mlp
+        if isinstance(mlp, nn.Module) and experts is not None and getattr(block, "experts", None) is experts
+        else None
+    )
+
+
+def _hash_table(router: nn.Module) -> torch.Tensor | None:
+    """A hash router's token-id → experts table (DeepSeek-V4's `tid2eid` [V, k]): an integer buffer of two
+    dimensions; None for a learned router."""
+    for _, tensor in router.named_buffers(recurse=False):
+        if tensor.dim() == 2 and not tensor.is_floating_point():
+            return tensor
+    return None
+
+
+def _zero_expert_count(config, num_experts: int) -> int:
+    """Zero-computation experts among the router's `num_experts` outputs (LongCat-Flash's
+    `zero_expert_num`): 0 when the config declares none, or not fewer than the router has."""
+    zero = config_int(config, ZERO_EXPERT_KEYS) or 0
+    return zero if zero < num_experts else 0
 
 
 def _group_limit(router: nn.Module, num_experts: int) -> dict[str, Any]:
@@ -212,17 +320,17 @@ def _group_limit(router: nn.Module, num_experts: int) -> dict[str, Any]:
 
 
 def _router_weight(router: nn.Module | None) -> torch.Tensor | None:
+    """The router's output projection [E, H]: its last two-dimensional parameter with more than one row
+    (ZAYA's router is an MLP whose `out_proj` comes last; ERNIE's [1, E] bias is not a projection)."""
     if router is None:
         return None
-    for param in router.parameters():
-        if param.dim() == 2:
-            return param
-    return None
+    weights = [p for p in router.parameters() if p.dim() == 2 and p.shape[0] > 1]
+    return weights[-1] if weights else None
 
 
 def _find_bias(module: nn.Module) -> torch.Tensor | None:
     for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
-        if name.endswith(_BIAS_NAME):
+        if name.endswith(_BIAS_NAMES):
             return tensor
     return None
 
@@ -230,6 +338,9 @@ def _find_bias(module: nn.Module) -> torch.Tensor | None:
 def _top_k(router: nn.Module, block: nn.Module, config) -> int | None:
     """Experts per token: the router's or its block's own attribute, else the config's (DBRX: its
     ffn_config)."""
+    table = _hash_table(router)
+    if table is not None:
+        return int(table.shape[1])
     for source in (router, block, config, getattr(config, "ffn_config", None)):
         k = config_int(source, TOP_K_KEYS) if source is not None else None
         if k is not None:

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from moeviz.testing.zoo_configs import ZOO_AUTO, ZOO_CONFIGS, ZOO_RANDOMISE
+
 VOCAB = 128
 HIDDEN = 64
 
@@ -251,13 +253,19 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     ),
 }
 
-FAMILIES = tuple(FAMILY_CONFIGS)
+FAMILIES = tuple(FAMILY_CONFIGS) + tuple(t for t in ZOO_CONFIGS if t not in FAMILY_CONFIGS)
 SEQ2SEQ = {"switch_transformers", "nllb-moe"}
+# the common vocabulary, special tokens and context every zoo config (and each text config in it) gets
+_ZOO_COMMON = {
+    k: v for k, v in _COMMON.items() if k not in ("hidden_size", "num_attention_heads", "num_key_value_heads")
+}
 
 
 def tiny_config(family: str, **overrides: Any):
     from transformers import AutoConfig
 
+    if family in ZOO_CONFIGS:
+        return AutoConfig.for_model(family, **{**_with_common(ZOO_CONFIGS[family]), **overrides})
     kwargs = dict(_COMMON)
     if family in ("dbrx",):
         kwargs = {
@@ -277,28 +285,61 @@ def tiny_config(family: str, **overrides: Any):
     return AutoConfig.for_model(family, **kwargs)
 
 
-def randomise_routing(model: torch.nn.Module, seed: int = 0) -> None:
-    """Give routers and balancing biases non-trivial values (several families zero-init them)."""
+def _with_common(config: dict[str, Any]) -> dict[str, Any]:
+    """A zoo config with `_ZOO_COMMON` added to it and to every text config nested in it (a config given
+    its own value keeps it)."""
+    out = {**_ZOO_COMMON, **config}
+    for key, value in config.items():
+        if isinstance(value, dict) and key in ("text_config", "thinker_config", "talker_config"):
+            out[key] = _with_common(value)
+    return out
+
+
+def randomise_routing(model: torch.nn.Module, seed: int = 0, extra: tuple[str, ...] = ()) -> None:
+    """Give routers and balancing biases non-trivial values (several families zero-init them); `extra`:
+    more name substrings of a family's router or bias tensors. Scales inside a router (Gemma 4's
+    `per_expert_scale`, Inkling's `global_scale`) are left alone: a negative one flips the weights. A hash
+    router's token-id table (`tid2eid` [V, k]) gets k distinct random experts per token id."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         # Balancing biases are buffers in some families (deepseek_v3, glm4_moe, kimi_linear).
         for name, param in itertools.chain(model.named_parameters(), model.named_buffers()):
             lname = name.lower()
-            if "e_score_correction_bias" in lname or (
-                any(key in lname for key in ("router", ".gate.", "mlp.gate.weight", ".wg.", "classifier"))
-                and "shared_expert_gate" not in lname
-            ):
+            if not param.is_floating_point():
+                if lname.endswith("tid2eid"):
+                    _randomise_hash_table(model, param, gen)
+                continue
+            if "scale" in lname.rsplit(".", 1)[-1] or "shared_expert_gate" in lname:
+                continue
+            if any(key in lname for key in (*_ROUTING_NAMES, *extra)):
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.5)
 
 
+_ROUTING_NAMES = ("e_score_correction_bias", "router", ".gate.", "mlp.gate.weight", ".wg.", "classifier")
+
+
+def _randomise_hash_table(model: torch.nn.Module, table: torch.Tensor, gen: torch.Generator) -> None:
+    """k distinct experts per token id, out of the model's routed experts."""
+    experts = model.config.get_text_config().num_local_experts
+    rows = [torch.randperm(experts, generator=gen)[: table.shape[1]] for _ in range(table.shape[0])]
+    table.copy_(torch.stack(rows))
+
+
 def build_tiny_model(family: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+    import transformers
 
     torch.manual_seed(seed)
     config = tiny_config(family, **overrides)
-    auto = AutoModelForSeq2SeqLM if family in SEQ2SEQ else AutoModelForCausalLM
+    if family in ZOO_CONFIGS:
+        auto = getattr(transformers, ZOO_AUTO[family])
+    else:
+        auto = transformers.AutoModelForSeq2SeqLM if family in SEQ2SEQ else transformers.AutoModelForCausalLM
     model = auto.from_config(config)
-    randomise_routing(model, seed)
+    randomise_routing(model, seed, ZOO_RANDOMISE.get(family, ()))
+    if family == "zaya":  # experts' balancing biases near the skip class's −1: some tokens skip
+        for name, bias in model.named_buffers():
+            if name.endswith("balancing_biases"):
+                bias[:-1] = bias[:-1] * 0.02 - 1.06
     return model.eval()
 
 

@@ -122,7 +122,7 @@ class Trace:
     # ---- Parquet -----------------------------------------------------------------------------------
     def to_parquet(self, path: str | Path) -> Path:
         """Write the routing table (plus each token's full logits) to one Parquet file, atomically, in
-        format `moeviz.trace/3` (described in `moeviz.trace.parquet`)."""
+        format `moeviz.trace/4` (described in `moeviz.trace.parquet`)."""
         from moeviz.trace.parquet import write_trace
 
         return write_trace(Path(path), self.model, self.tokens, self.layers, self.routing_frame())

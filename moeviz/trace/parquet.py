@@ -1,14 +1,16 @@
 """The trace file format: a Trace's parts to one Parquet file and back.
 
-Format `moeviz.trace/3`: one row per (token, layer, rank) with ROUTING_COLUMNS, and a `logits` column
+Format `moeviz.trace/4`: one row per (token, layer, rank) with ROUTING_COLUMNS, and a `logits` column
 (list<float32>, the token's E router logits) on each token's rank-0 row only, null on the others (as the store
 keeps per-token values). The file's `moeviz` metadata holds the format, the model info, the token table and
 each layer's facts. `Trace.to_parquet` / `Trace.from_parquet` call this.
 
-Versions: 3 adds each layer's `has_logits`, `has_weights` and `ranked` (routing imported from an engine,
-`moeviz.engines`): a layer without logits has null logits on every row, one without weights NaN weights.
-Version 2 is version 3 with every layer's logits and weights present and ranked; version 1 repeated the
-logits on all k rows. All three are read.
+Versions: 4 adds each layer's `zero_experts`, `hash_routed`, `bias_on` and `loop_pass` and the model's
+`language_model` (families transformers 5.24 added: `LayerRouting`, `ModelInfo`); a version-3 file is a
+version-4 file without them (none, False, "scores", 0, ""). 3 adds each layer's `has_logits`, `has_weights`
+and `ranked` (routing imported from an engine, `moeviz.engines`): a layer without logits has null logits on
+every row, one without weights NaN weights. Version 2 is version 3 with every layer's logits and weights
+present and ranked; version 1 repeated the logits on all k rows. All four are read.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from moeviz.errors import TraceFormatError
 from moeviz.trace.atomic import writing_atomically
 from moeviz.trace.records import TOKEN_COLUMNS, LayerRouting, ModelInfo, absent
 
-TRACE_FORMAT = "moeviz.trace/3"
-READABLE_FORMATS = ("moeviz.trace/1", "moeviz.trace/2", TRACE_FORMAT)
+TRACE_FORMAT = "moeviz.trace/4"
+READABLE_FORMATS = ("moeviz.trace/1", "moeviz.trace/2", "moeviz.trace/3", TRACE_FORMAT)
 
 
 def write_trace(
@@ -161,6 +163,10 @@ def _layer_meta(routing: LayerRouting) -> dict[str, Any]:
         "has_logits": routing.has_logits,
         "has_weights": routing.has_weights,
         "ranked": routing.ranked,
+        "zero_experts": routing.zero_experts,
+        "hash_routed": routing.hash_routed,
+        "bias_on": routing.bias_on,
+        "loop_pass": routing.loop_pass,
     }
 
 
@@ -191,4 +197,8 @@ def _layer_from_rows(
         has_logits=info.get("has_logits", True),
         has_weights=has_weights,
         ranked=info.get("ranked", True),
+        zero_experts=info.get("zero_experts", 0),  # absent from traces written before they were recorded
+        hash_routed=info.get("hash_routed", False),
+        bias_on=info.get("bias_on", "scores"),
+        loop_pass=info.get("loop_pass", 0),
     )

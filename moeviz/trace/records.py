@@ -49,6 +49,9 @@ class ModelInfo:
     device: str = "cpu"  # where the weights are: "cuda:0"; with a device map "cuda:0 (30 modules), disk (16)"
     parameter_bytes: int = 0  # parameters and buffers at `dtype`
     notes: list[str] = field(default_factory=list)
+    # in a composite (multimodal) model, the sub-model whose routing was captured: "model.language_model
+    # (DeepseekV3Model)"; "" when the model is a text model as a whole
+    language_model: str = ""
 
 
 @dataclass
@@ -75,6 +78,18 @@ class LayerRouting:
       `n_group` contiguous groups, each token picks its best `topk_group` groups by `group_score` of the
       selection scores ("top2_sum": sum of the group's two best, V3/GLM/Kimi; "max": V2) and selects only
       among their experts. None when the router does not limit groups.
+    - zero_experts: how many of the E router outputs are zero-computation experts (LongCat-Flash's identity
+      experts, ZAYA's skip): the last `zero_experts` ids, E − zero_experts … E − 1. A slot sent there skips
+      the FFN; loads, dead experts and balance count only the routed experts (`routed_experts`).
+    - bias_on: what the balancing bias is added to for selection: "scores" (DeepSeek-V3 and most) or
+      "logits" (Kolibri-1 selects on the raw logit + bias)
+    - loop_pass: which pass of a looped block this is (Inkling2-Loop runs blocks s … e − 1 P times per
+      forward): each pass is its own layer occurrence, `layer` counting blocks in execution order (pass p of
+      block b is layer b + p·(e − s); later blocks shift by (P − 1)·(e − s)) and `module` naming the block;
+      0 for a block that runs once
+    - hash_routed: the experts were chosen by a fixed token-id → experts table (DeepSeek-V4's first MoE
+      layers), not by the router's scores, which only weight the chosen experts: margins and near-misses
+      of the scores do not explain the choice
     """
 
     layer: int
@@ -98,6 +113,10 @@ class LayerRouting:
     has_logits: bool = True
     has_weights: bool = True
     ranked: bool = True
+    zero_experts: int = 0
+    hash_routed: bool = False
+    bias_on: str = "scores"
+    loop_pass: int = 0
     # derived arrays, computed on first use and kept while logits, score_fn and bias are the same objects
     _derived: dict[str, tuple[Any, np.ndarray]] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -139,15 +158,26 @@ class LayerRouting:
 
     @property
     def selection_scores(self) -> np.ndarray:
-        """[N, E] what the experts were selected on: `scores` + `bias` (`scores` itself without a bias)."""
+        """[N, E] what the experts were selected on: `scores` + `bias` (`scores` itself without a bias;
+        `logits` + `bias` where the bias is on the logits)."""
         if not self.has_logits:
             return self.logits
-        key = (self.logits, self.score_fn, self.bias)
-        return self._cached("selection_scores", key, lambda: selection_scores(self.scores, self.bias))
+        key = (self.logits, self.score_fn, self.bias, self.bias_on)
+        base = self.logits if self.bias is not None and self.bias_on == "logits" else None
+        return self._cached(
+            "selection_scores",
+            key,
+            lambda: selection_scores(self.scores if base is None else base, self.bias),
+        )
 
     @property
     def num_experts(self) -> int:
         return int(self.logits.shape[1])
+
+    @property
+    def routed_experts(self) -> int:
+        """Experts that compute: E less the zero-computation experts (ids 0 … routed_experts − 1)."""
+        return self.num_experts - self.zero_experts
 
     @property
     def k(self) -> int:

@@ -121,7 +121,7 @@ class Routes:
 def routes_from_trace(trace: Trace, site: str | None = None) -> Routes:
     """The trace's routing, rows sorted by (seq, pos). Encoder-decoders: pick `site` ("encoder"/"decoder")
     or get every site's layers (each keeps its own rows)."""
-    layers = []
+    layers, skipped = [], 0
     seq_all = trace.tokens["seq"].to_numpy(dtype=np.int64)
     pos_all = trace.tokens["pos"].to_numpy(dtype=np.int64)
     for routing in trace.layers:
@@ -129,20 +129,30 @@ def routes_from_trace(trace: Trace, site: str | None = None) -> Routes:
             continue
         seq, pos = seq_all[routing.token_rows], pos_all[routing.token_rows]
         order = np.lexsort((pos, seq))
+        experts = routing.experts[order].astype(np.int64)
+        zero = experts >= routing.routed_experts  # zero-computation experts: no FFN, no transfer, no weights
+        skipped += int(zero.sum())
         layers.append(
             LayerRoutes(
                 layer=routing.layer,
                 site=routing.site,
-                experts=routing.experts[order].astype(np.int64),
-                weights=routing.weights[order].astype(np.float32),
+                experts=np.where(zero, -1, experts),
+                weights=np.where(zero, np.float32(0), routing.weights[order].astype(np.float32)),
                 seq=seq[order],
                 pos=pos[order],
-                num_experts=routing.num_experts,
+                num_experts=routing.routed_experts,
                 n_group=routing.n_group,
                 topk_group=routing.topk_group,
             )
         )
-    return Routes(model=trace.model.source, layers=layers, source="trace")
+    notes = []
+    if skipped:
+        slots = sum(r.experts.size for r in layers)
+        notes.append(
+            f"{skipped / slots:.1%} of the expert slots went to zero-computation experts (no FFN, no "
+            "transfer): they are left out of the simulation, like slots the model dropped"
+        )
+    return Routes(model=trace.model.source, layers=layers, source="trace", notes=notes)
 
 
 def routes_from_store(

@@ -168,9 +168,11 @@ def test_hooks_that_did_not_fire_fail_loudly(tiny_model_dir):
 
 
 def _hide_recorder_table(model, monkeypatch):
+    """Make `model` look like remote code: no router table, and a model type outside the family table."""
     for cls in {c for m in model.modules() for c in type(m).__mro__}:
         if "_can_record_outputs" in vars(cls):
             monkeypatch.setattr(cls, "_can_record_outputs", {})
+    monkeypatch.setattr(model.config, "model_type", f"remote_{model.config.model_type}")
 
 
 def test_generic_discovery_without_recorder_table(tiny_model_dir, monkeypatch):

@@ -12,9 +12,9 @@ import torch
 
 import moeviz
 from moeviz import cli
-from moeviz.testing.tiny_models import FAMILIES, SEQ2SEQ, VOCAB
+from moeviz.testing.tiny_models import SEQ2SEQ, VOCAB
 from moeviz.trace import Trace
-from tests.support.reference_routing import canonical_order, reference_routing
+from tests.support.reference_routing import RULE_FAMILIES, canonical_order, reference_routing
 
 SEQS = [list(range(3, 12)), [40, 41, 42, 43, 44]]  # 9 and 5 tokens: the second is right-padded
 # Families with a balancing bias, and the capacity-limited ones: each must show its special behaviour.
@@ -41,7 +41,7 @@ def _forward_kwargs(loaded, seqs):
     return kwargs, width
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", RULE_FAMILIES)
 def test_capture_equals_reference_rule(tiny_model_dir, family):
     overrides = {"expert_capacity": 3} if family == "switch_transformers" else {}
     loaded = moeviz.load_model(tiny_model_dir(family, **overrides))
@@ -79,7 +79,7 @@ def test_group_limited_routing_binds(tiny_model_dir):
     assert differs > 0
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", RULE_FAMILIES)
 def test_cli_capture_on_every_family(tiny_model_dir, tmp_path, family):
     out = tmp_path / f"{family}.parquet"
     ids = ",".join(str(i) for i in range(3, min(VOCAB, 15)))

@@ -20,10 +20,10 @@ import pytest
 import torch
 from torch import nn
 
-from moeviz.testing.tiny_models import FAMILIES, SEQ2SEQ, VOCAB, build_tiny_model
+from moeviz.testing.tiny_models import SEQ2SEQ, VOCAB, build_tiny_model
 
 try:  # works both with and without a tests/__init__.py
-    from tests.support.reference_routing import RefRouting, canonical_order, reference_routing
+    from tests.support.reference_routing import RULE_FAMILIES, RefRouting, canonical_order, reference_routing
 except ImportError:  # pragma: no cover
     from reference_routing import RefRouting, canonical_order, reference_routing
 
@@ -35,6 +35,10 @@ WEIGHT_ATOL = 1e-6
 LOGIT_ATOL = 1e-5
 ROUTER_OUTPUT_FAMILIES = {"llama4_text", "jetmoe"}  # their experts never see the routing
 BIASED_FAMILIES = ("deepseek_v3", "glm4_moe", "kimi_linear", "ernie4_5_moe")
+# transformers' output_router_logits, which this check reads, leaves out DeepSeek-V4's hash layers and has one
+# entry per looped block, not per pass: their oracle is checked against the experts modules' own arguments
+# through moeviz's capture (test_capture_families, test_every_family)
+SELF_CHECKED = tuple(f for f in RULE_FAMILIES if f not in ("deepseek_v4", "inkling2_loop_text"))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -236,7 +240,7 @@ def check_family(family: str, seed: int = 0, attention_mask: torch.Tensor | None
 # ----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", SELF_CHECKED)
 def test_oracle_matches_model(family: str) -> None:
     _, ref, _ = check_family(family)
     for key, r in ref.items():

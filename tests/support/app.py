@@ -50,11 +50,17 @@ def sample_page_fixtures(model: str):
 
 def local_switch_model(tiny_model_dir, monkeypatch: pytest.MonkeyPatch, capacity: int) -> Path:
     """A tiny Switch-style model whose expert capacity (`capacity` tokens per expert and sequence) drops
-    slots, with the mixtral sample's BPE tokenizer (so the model gets its 2,048-id vocabulary too), set up as
-    the app's default model: a local folder in an allowed root, in the environment of `app_test_env`."""
+    slots, set up as the app's default model (`local_tiny_model`)."""
+    return local_tiny_model(tiny_model_dir, monkeypatch, "switch_transformers", expert_capacity=capacity)
+
+
+def local_tiny_model(tiny_model_dir, monkeypatch: pytest.MonkeyPatch, family: str, **overrides) -> Path:
+    """A tiny model of `family` with the mixtral sample's BPE tokenizer (so the model gets its 2,048-id
+    vocabulary too), set up as the app's default model: a local folder in an allowed root, in the environment
+    of `app_test_env`."""
     import shutil
 
-    folder = tiny_model_dir("switch_transformers", expert_capacity=capacity, vocab_size=2048)
+    folder = tiny_model_dir(family, vocab_size=2048, **overrides)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(REPO / "sample_models" / "mixtral-healthy" / name, folder / name)
     app_test_env(monkeypatch)

@@ -21,7 +21,17 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["RefRouting", "canonical_order", "reference_routing", "router_modules"]
+__all__ = ["RULE_FAMILIES", "RefRouting", "canonical_order", "reference_routing", "router_modules"]
+
+# the families whose routing rule is written out here (the others are checked against their experts
+# modules' own arguments: tests/models/test_every_family.py)
+RULE_FAMILIES = (
+    "mixtral", "minimax", "qwen2_moe", "qwen3_moe", "qwen3_next", "olmoe", "hunyuan_v1_moe", "jamba",
+    "deepseek_v2", "deepseek_v3", "glm4_moe", "kimi_linear", "ernie4_5_moe", "gpt_oss", "granitemoe",
+    "phimoe", "dbrx", "llama4_text", "jetmoe", "switch_transformers", "nllb-moe",
+    # the new features: sqrtsoftplus and hash layers, zero-computation experts, loops, raw-logit selection
+    "deepseek_v4", "longcat_flash", "inkling2_text", "inkling2_loop_text", "kolibri1",
+)  # fmt: skip
 
 
 @dataclass
@@ -159,6 +169,7 @@ class _Call:
     layer: int
     padding_mask: torch.Tensor | None = None  # nllb only
     expert_capacity: int | None = None  # nllb only: the router's capacity attribute before the call
+    token_ids: torch.Tensor | None = None  # [N] the ids of the tokens routed (hash routers look them up)
 
 
 def _softmax_topk(logits: torch.Tensor, k: int, renormalise: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -352,6 +363,46 @@ def _nllb(logits: torch.Tensor, config: Any, call: _Call) -> tuple[torch.Tensor,
     return experts, torch.stack([w1, w2], 1)
 
 
+def _deepseek_v4(logits: torch.Tensor, config: Any, call: _Call) -> tuple[torch.Tensor, torch.Tensor]:
+    """sqrtsoftplus scores s = sqrt(log(1 + e^l)); learned layers select top-k on s + e_score_correction_bias,
+    hash layers (`mlp_layer_types[i] == "hash_moe"`) take the experts from the frozen table
+    tid2eid[token id]. Both weight by the chosen s renormalised (+1e-20), × routed_scaling_factor."""
+    scores = torch.sqrt(torch.log1p(torch.exp(logits.float())))
+    table = getattr(call.router, "tid2eid", None)
+    if table is not None:
+        idx = table[call.token_ids].long()
+    else:
+        idx = _top_k(scores + call.router.e_score_correction_bias.float(), config.num_experts_per_tok)
+    w = scores.gather(1, idx)
+    return idx, w / (w.sum(dim=-1, keepdim=True) + 1e-20) * config.routed_scaling_factor
+
+
+def _longcat_flash(logits: torch.Tensor, config: Any, call: _Call) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax over the n_routed_experts + zero_expert_num outputs; top-k on softmax + bias; weights the
+    chosen probabilities × routed_scaling_factor, not renormalised. Ids >= n_routed_experts are the
+    zero-computation (identity) experts: the model adds weight × hidden for them."""
+    probs = _softmax(logits)
+    idx = _top_k(probs + call.router.e_score_correction_bias.float(), config.moe_topk)
+    return idx, probs.gather(1, idx) * config.routed_scaling_factor
+
+
+def _inkling2(logits: torch.Tensor, config: Any, call: _Call) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inkling-2 (and each pass of Inkling-2-Loop's looped blocks): sigmoid; top-k on sigmoid + bias; weights
+    the chosen sigmoid renormalised (+1e-20) × route_scale."""
+    scores = torch.sigmoid(logits.float())
+    idx = _top_k(scores + call.router.e_score_correction_bias.float(), config.num_experts_per_tok)
+    w = scores.gather(1, idx)
+    return idx, w / (w.sum(dim=-1, keepdim=True) + 1e-20) * config.route_scale
+
+
+def _kolibri1(logits: torch.Tensor, config: Any, call: _Call) -> tuple[torch.Tensor, torch.Tensor]:
+    """Selection on the raw logits + bias (not on sigmoid + bias); weights the chosen sigmoid, renormalised
+    only when norm_topk_prob."""
+    idx = _top_k(logits.float() + call.router.e_score_correction_bias.float(), config.num_experts_per_tok)
+    w = torch.sigmoid(logits.float().gather(1, idx))
+    return idx, w / w.sum(dim=-1, keepdim=True) if config.norm_topk_prob else w
+
+
 def _route(family: str, config: Any, logits: torch.Tensor, call: _Call) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch to the family's rule. logits [N, E] float32 -> (experts [N, k], weights [N, k])."""
     k = getattr(config, "num_experts_per_tok", None)
@@ -382,6 +433,14 @@ def _route(family: str, config: Any, logits: torch.Tensor, call: _Call) -> tuple
         return _switch(logits, config, call)
     if family == "nllb-moe":
         return _nllb(logits, config, call)
+    if family == "deepseek_v4":
+        return _deepseek_v4(logits, config, call)
+    if family == "longcat_flash":
+        return _longcat_flash(logits, config, call)
+    if family in ("inkling2_text", "inkling2_loop_text"):
+        return _inkling2(logits, config, call)
+    if family == "kolibri1":
+        return _kolibri1(logits, config, call)
     raise NotImplementedError(f"no reference routing rule for family {family!r}")
 
 
@@ -404,7 +463,8 @@ def reference_routing(
 
     Returns {(site, layer): RefRouting}. `site` is "mlp" for decoder-only models ("attention" too for jetmoe's
     mixture-of-attention router), "encoder"/"decoder" for switch_transformers and nllb-moe; `layer` is the
-    index of the block holding the MoE layer. Raises if a router was not called exactly once.
+    index of the block holding the MoE layer — for a looped model (Inkling-2-Loop), the block's occurrence in
+    execution order, one per pass (`_occurrences`). Raises if a router was not called once (once per pass).
     """
     if model.training:
         raise ValueError("reference_routing supports eval mode only (training routing is stochastic)")
@@ -413,6 +473,8 @@ def reference_routing(
     if not routers:
         raise ValueError(f"no routers found for family {family!r}")
     calls: dict[tuple[str, int], list[_Call]] = {key: [] for key in routers}
+    ids = forward_kwargs.get("input_ids")
+    token_ids = ids.reshape(-1) if isinstance(ids, torch.Tensor) else None
 
     def make_hook(key: tuple[str, int]) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -426,6 +488,7 @@ def reference_routing(
                     layer=key[1],
                     padding_mask=pad.detach().clone() if isinstance(pad, torch.Tensor) else None,
                     expert_capacity=getattr(module, "expert_capacity", None),  # nllb mutates it per call
+                    token_ids=token_ids,
                 )
             )
 
@@ -443,18 +506,35 @@ def reference_routing(
 
     out: dict[tuple[str, int], RefRouting] = {}
     for key, router in routers.items():
-        if len(calls[key]) != 1:
-            raise RuntimeError(f"router {key} was called {len(calls[key])} times; expected exactly once")
-        call = calls[key][0]
+        occurrences = _occurrences(config, key[1])
+        if len(calls[key]) != len(occurrences):
+            raise RuntimeError(
+                f"router {key} was called {len(calls[key])} times; expected {len(occurrences)}, once per pass"
+            )
         weight, bias = _router_linear(router)
-        with torch.no_grad():
-            logits = call.hidden.float() @ weight.detach().float().T
-            if bias is not None:
-                logits = logits + bias.detach().float()
-            experts, weights = _route(family, config, logits, call)
-        exp_np, w_np = canonical_order(experts.cpu().numpy(), weights.float().cpu().numpy())
-        out[key] = RefRouting(logits=logits.cpu().numpy().astype(np.float32), experts=exp_np, weights=w_np)
+        for call, layer in zip(calls[key], occurrences, strict=True):
+            with torch.no_grad():
+                logits = call.hidden.float() @ weight.detach().float().T
+                if bias is not None:
+                    logits = logits + bias.detach().float()
+                experts, weights = _route(family, config, logits, call)
+            exp_np, w_np = canonical_order(experts.cpu().numpy(), weights.float().cpu().numpy())
+            logits_np = logits.cpu().numpy().astype(np.float32)
+            out[(key[0], layer)] = RefRouting(logits=logits_np, experts=exp_np, weights=w_np)
     return out
+
+
+def _occurrences(config: Any, block: int) -> list[int]:
+    """The layer index of each time block `block` runs in one forward. Inkling-2-Loop runs blocks
+    loop_layer_index_start … end − 1 loop_num_passes times, all of them per pass (pre-loop blocks, then the
+    loop's blocks pass by pass, then the rest), and numbers layers in that order; every other model runs each
+    block once, as layer `block`."""
+    start = getattr(config, "loop_layer_index_start", None)
+    if start is None:
+        return [block]
+    end, passes = config.loop_layer_index_end, config.loop_num_passes
+    order = list(range(start)) + list(range(start, end)) * passes + list(range(end, config.num_hidden_layers))
+    return [i for i, b in enumerate(order) if b == block]
 
 
 def capture_with_router_inputs(

@@ -437,3 +437,27 @@ def test_aux_loss_invariant_under_consistent_permutation(case):
     entropy_p = layer_confidence(make_layer(np.zeros((len(logits), 1)), logits.shape[1], permuted)).entropy
     np.testing.assert_allclose(entropy, entropy_p, rtol=1e-5, atol=1e-6)
     assert (entropy_p / math.log(logits.shape[1]) <= 1 + 1e-5).all() and (entropy_p >= -1e-6).all()
+
+
+def test_zero_computation_experts_are_counted_apart():
+    """LongCat-style: 4 routed experts and 2 identity experts (ids 4, 5). Hand-derived: 6 tokens × k = 2."""
+    import dataclasses
+
+    from moeviz.analysis.balance import balance_stats, expert_counts, routed_counts
+    from moeviz.testing.scale_traces import synthetic_trace
+
+    experts = np.array([[0, 4], [1, 5], [0, 1], [4, 5], [2, 0], [1, 4]])  # expert 3 never chosen
+    base = synthetic_trace(
+        num_experts=6, k=2, n_group=1, topk_group=1, num_blocks=1, first_dense=0, num_tokens=6
+    )
+    routing = dataclasses.replace(
+        base.layers[0], experts=experts, weights=np.full((6, 2), 0.5, np.float32), zero_experts=2
+    )
+    np.testing.assert_array_equal(expert_counts(routing), [3, 3, 1, 0, 3, 2])
+    counts, skipped = routed_counts(routing)
+    np.testing.assert_array_equal(counts, [3, 3, 1, 0])
+    assert skipped == 5
+    stats = balance_stats(routing)
+    assert stats.num_experts == 4 and stats.dead_experts == 1  # the identity experts are never "dead"
+    assert stats.skipped == 5 and stats.skipped_fraction == 5 / 12
+    assert stats.max_share == 3 / 12

@@ -76,7 +76,7 @@ def test_the_format_keeps_each_tokens_logits_once_and_reads_versions_1_and_2(tmp
     _write_v2(v3, v2)
     _write_v1(trace, v1)
     table = pq.read_table(v3)
-    assert json_format(table) == "moeviz.trace/3"
+    assert json_format(table) == "moeviz.trace/4"
     logits = table.column("logits").combine_chunks()
     rank = table.column("rank").to_numpy()
     np.testing.assert_array_equal(logits.is_null().to_numpy(zero_copy_only=False), rank > 0)
@@ -117,7 +117,7 @@ def test_unknown_format_version_is_refused(tmp_path):
         num_experts=8, k=2, n_group=1, topk_group=1, num_blocks=2, first_dense=1, num_tokens=5
     ).to_parquet(tmp_path / "t.parquet")
     table = pq.read_table(path)
-    meta = table.schema.metadata[b"moeviz"].replace(b"moeviz.trace/3", b"moeviz.trace/99")
+    meta = table.schema.metadata[b"moeviz"].replace(b"moeviz.trace/4", b"moeviz.trace/99")
     pq.write_table(table.replace_schema_metadata({b"moeviz": meta}), path)
     with pytest.raises(TraceFormatError, match=r"moeviz\.trace/99"):
         Trace.from_parquet(path)
@@ -146,3 +146,45 @@ def test_scores_are_derived_from_the_logits_and_follow_replace():
     routing.bias = None  # reassigning a field refreshes what derives from it
     np.testing.assert_array_equal(routing.selection_scores, routing.scores)
     np.testing.assert_array_equal(selection_scores(routing.scores, None), routing.selection_scores)
+
+
+def test_version_4_keeps_the_new_family_facts_and_version_3_reads_without_them(tmp_path):
+    import dataclasses
+    import json
+
+    from moeviz.testing.scale_traces import synthetic_trace
+
+    trace = synthetic_trace(
+        num_experts=8, k=2, n_group=1, topk_group=1, num_blocks=3, first_dense=0, num_tokens=20
+    )
+    first, second, third = trace.layers
+    layers = [
+        dataclasses.replace(first, zero_experts=2),
+        dataclasses.replace(second, hash_routed=True, loop_pass=1),
+        dataclasses.replace(third, bias=np.ones(8, np.float32), bias_on="logits"),
+    ]
+    model = dataclasses.replace(trace.model, language_model="model.language_model (DeepseekV3Model)")
+    trace = dataclasses.replace(trace, layers=layers, model=model)
+    v4, v3 = tmp_path / "v4.parquet", tmp_path / "v3.parquet"
+    trace.to_parquet(v4)
+    back = Trace.from_parquet(v4)
+    assert back.model.language_model == "model.language_model (DeepseekV3Model)"
+    got = [(r.zero_experts, r.hash_routed, r.loop_pass, r.bias_on) for r in back.layers]
+    assert got == [(2, False, 0, "scores"), (0, True, 1, "scores"), (0, False, 0, "logits")]
+    assert back.layers[0].routed_experts == 6
+    # selection on the raw logits + bias where the bias is on the logits (Kolibri-1)
+    np.testing.assert_array_equal(back.layers[2].selection_scores, back.layers[2].logits + np.float32(1))
+
+    table = pq.read_table(v4)
+    meta = json.loads(table.schema.metadata[b"moeviz"])
+    meta["format"] = "moeviz.trace/3"
+    del meta["model"]["language_model"]
+    for layer in meta["layers"]:
+        for key in ("zero_experts", "hash_routed", "bias_on", "loop_pass"):
+            del layer[key]
+    pq.write_table(table.replace_schema_metadata({b"moeviz": json.dumps(meta)}), v3)
+    old = Trace.from_parquet(v3)
+    assert old.model.language_model == ""
+    assert [(r.zero_experts, r.hash_routed, r.loop_pass, r.bias_on) for r in old.layers] == [
+        (0, False, 0, "scores")
+    ] * 3
