@@ -594,6 +594,12 @@ def _decision(site: MoESite, output, args, logits: np.ndarray) -> tuple[np.ndarr
         try:
             (experts, weights), source = from_router_tuple(output, args), "router_output"
         except ValueError:
+            if site.bias is not None or site.score_fn != "softmax":
+                raise CaptureError(
+                    f"layer {site.layer} ({site.name}): the dispatch could not be observed, and this router "
+                    f"({site.score_fn}{' with a balancing bias' if site.bias is not None else ''}) does not "
+                    "choose by softmax top-k: moeviz does not recompute routing by a rule the model lacks"
+                ) from None
             decode = recompute_softmax_topk(site.top_k or 2)
             (experts, weights), source = decode(torch.from_numpy(logits)), "recomputed"
     return experts.cpu().numpy(), weights.detach().float().cpu().numpy(), source

@@ -110,7 +110,8 @@ _CHECKPOINTS: dict[str, Family] = {
         "softmax",
         decoder="product_keys",
         support="router output",
-        note="product-key router: expert i·K + j scores x_i + y_j",
+        note="product-key router: expert i·K + j scores x_i + y_j (transformers' reshape pairs halves of "
+        "neighbouring tokens in a multi-token forward; the routing recorded is what the model did)",
     ),
     "switch_transformers": Family("softmax", decoder="one_hot_mask", note="top-1 with expert capacity"),
     "nllb-moe": Family(

@@ -279,3 +279,33 @@ def test_an_unread_token_table_does_not_keep_the_model_alive(tiny_model_dir):
     gc.collect()
     assert model() is None  # the lazy table holds the tokenizer and its cache, not the model ...
     assert trace.tokens["token"].tolist() == expected  # ... and still decodes the strings
+
+
+@pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
+def test_an_unobservable_dispatch_is_recomputed_only_by_the_models_own_rule(
+    tiny_model_dir, monkeypatch, family
+):
+    """A remote-code router whose dispatch cannot be seen (no experts hook, no index/weights in its output):
+    a softmax router without a bias is recomputed (and marked so); a sigmoid router with a balancing bias
+    is refused, not recomputed as softmax top-k."""
+    import importlib
+
+    forward = importlib.import_module("moeviz.capture.forward")  # `moeviz.capture` is also the function
+
+    loaded = moeviz.load_model(tiny_model_dir(family))
+    _hide_recorder_table(loaded.model, monkeypatch)
+    loaded.sites = find_moe_sites(loaded.model)
+    for site in loaded.sites:
+        site.experts = None
+
+    def unreadable(*_):
+        raise ValueError("router output carries no (index, weights) pair")
+
+    monkeypatch.setattr(forward, "from_router_tuple", unreadable)
+    if family == "mixtral":
+        trace = moeviz.capture(loaded, token_ids=[[5, 6, 7, 8]])
+        assert {r.decision_source for r in trace.layers} == {"recomputed"}
+        assert any("recomputed as softmax top-2" in note for note in trace.model.notes)
+    else:
+        with pytest.raises(CaptureError, match="does not recompute routing by a rule the model lacks"):
+            moeviz.capture(loaded, token_ids=[[5, 6, 7, 8]])

@@ -171,3 +171,25 @@ def test_a_submodel_config_alone_is_refused_naming_what_to_load(tmp_path, sub):
     AutoConfig.for_model(sub, vocab_size=128).save_pretrained(tmp_path)
     with pytest.raises(UnsupportedModelError, match=f"load the {SUBMODELS[sub]} model"):
         moeviz.load_model(tmp_path)
+
+
+def test_gemma4_scores_are_the_probabilities_its_router_returns(tiny_model_dir):
+    """Gemma 4's router returns probabilities where other routers return logits: moeviz records log p, so the
+    scores it derives are the router's own probabilities (not a softmax of probabilities)."""
+    loaded = moeviz.load_model(tiny_model_dir("gemma4_text"))
+    probs = []
+    handles = [
+        module.register_forward_hook(lambda m, args, out: probs.append(out[0].detach().clone()))
+        for name, module in loaded.model.named_modules()
+        if type(module).__name__ == "Gemma4TextRouter"
+    ]
+    try:
+        trace = moeviz.capture(loaded, token_ids=[list(range(3, 40))])
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert len(probs) == len(trace.layers)
+    for routing, p in zip(trace.layers, probs, strict=True):
+        np.testing.assert_allclose(
+            routing.scores, p.reshape(routing.scores.shape).numpy(), rtol=1e-5, atol=1e-7
+        )
