@@ -21,7 +21,8 @@ Value = TypeVar("Value")
 
 def capture_for_app(loaded: moeviz.LoadedModel, text: str, progress: Progress | None = None) -> moeviz.Trace:
     """What the app captures of `text`: routing, and attention for decoder-only models."""
-    return moeviz.capture(loaded, text, attention=not loaded.is_encoder_decoder, progress=progress)
+    attention = not (loaded.is_encoder_decoder or loaded.is_token_classifier)
+    return moeviz.capture(loaded, text, attention=attention, progress=progress)
 
 
 class SharedResults(Generic[Key, Value]):

@@ -94,7 +94,9 @@ def capture(
     dtype = getattr(loaded.model, "dtype", torch.float32)
     refuse_if_input_too_large(loaded.activation_shape, dtype, loaded.device, len(batch), width, what)
     model = loaded.model
-    if attention and (generate or loaded.is_encoder_decoder):
+    if generate:
+        loaded.refuse_token_classifier("generate")
+    if attention and (generate or loaded.is_encoder_decoder or loaded.is_token_classifier):
         raise InputError("attention capture covers one forward of a decoder-only model: use generate=0")
     with ExitStack() as stack:
         recorder = stack.enter_context(recording(model, loaded.sites))
@@ -280,7 +282,8 @@ def _run(loaded: LoadedModel, batch: list[list[int]], generate: int) -> dict[str
             input_ids=input_ids, attention_mask=attention, **_without_cache(type(loaded.model))
         )
         stream = _stream("input", ids, mask, [slice(0, width)])
-        stream.predicted[:] = _argmax(out.logits)
+        if not loaded.is_token_classifier:  # a token classifier's logits are labels, not next tokens
+            stream.predicted[:] = _argmax(out.logits)
         return {"input": stream}
     out = loaded.model.generate(
         input_ids=input_ids,

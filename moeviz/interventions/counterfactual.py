@@ -26,6 +26,7 @@ def sequence_ids(loaded: LoadedModel, text: str | None, token_ids: Sequence[int]
     """One sequence of token ids from `text` or `token_ids` (validated like `capture`)."""
     if loaded.is_encoder_decoder:
         raise InputError("attribution and counterfactual routing cover decoder-only models")
+    loaded.refuse_token_classifier("attribution and counterfactual routing")
     if token_ids is not None and len(token_ids) and not isinstance(token_ids[0], (int, np.integer)):
         raise InputError("give one sequence of token ids (a flat list of ints)")
     return token_batch(loaded, text, None if token_ids is None else [list(token_ids)])[0]

@@ -262,6 +262,7 @@ def replay(
     fill in the ones `infer` does not know."""
     if loaded.is_encoder_decoder:
         raise InputError("routing replay covers decoder-only models")
+    loaded.refuse_token_classifier("routing replay")
     tokens = infer.tokens
     streams = set(tokens["stream"].astype(str))
     if streams - {"input"}:

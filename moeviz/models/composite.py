@@ -16,12 +16,19 @@ from moeviz.errors import NotAModelFolderError
 
 # The auto classes that generate text from token ids, in the order a config is looked up in them: a
 # checkpoint that has a causal-LM class is built as one even when it also has a multimodal class.
-_TEXT_AUTO_CLASSES = ("AutoModelForCausalLM", "AutoModelForImageTextToText", "AutoModelForMultimodalLM")
+# A token classifier (OpenAI's privacy filter) comes last: it reads text but predicts no tokens.
+_TEXT_AUTO_CLASSES = (
+    "AutoModelForCausalLM",
+    "AutoModelForImageTextToText",
+    "AutoModelForMultimodalLM",
+    "AutoModelForTokenClassification",
+)
 
 
 def auto_class_for(config: Any, folder: Any = None):
     """The transformers auto class that builds `config`'s model: seq2seq for an encoder-decoder, else the
-    first of causal LM, image-text-to-text and multimodal LM whose mapping holds the config's class.
+    first of causal LM, image-text-to-text, multimodal LM and token classification whose mapping holds the
+    config's class.
     NotAModelFolderError (naming the model type) when none does."""
     import transformers
 
@@ -34,7 +41,7 @@ def auto_class_for(config: Any, folder: Any = None):
     where = f"{folder}: " if folder is not None else ""
     raise NotAModelFolderError(
         f"{where}model_type {getattr(config, 'model_type', None)!r} has no text-generating model class in "
-        "transformers (causal LM, image-text-to-text or multimodal LM)"
+        "transformers (causal LM, image-text-to-text, multimodal LM or token classification)"
     )
 
 

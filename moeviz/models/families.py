@@ -126,7 +126,8 @@ _CHECKPOINTS: dict[str, Family] = {
         note="a block-diffusion model (prompt encoder + canvas denoiser): not an autoregressive text model",
     ),
     "openai_privacy_filter": Family(
-        "softmax", support="refused", note="a token classifier (a bidirectional encoder): generates no text"
+        "softmax",
+        note="a token classifier (bidirectional encoder): routing only, no next-token predictions",
     ),
     **_rows(
         None,

@@ -24,6 +24,7 @@ from torch import nn
 from moeviz.errors import (
     CorruptTokenizerError,
     CorruptWeightsError,
+    InputError,
     LoadOptionError,
     ModelNotFoundError,
     ModelSourceError,
@@ -107,6 +108,21 @@ class LoadedModel:
     @property
     def is_encoder_decoder(self) -> bool:
         return bool(getattr(self.model.config, "is_encoder_decoder", False))
+
+    @property
+    def is_token_classifier(self) -> bool:
+        """A model that labels each token (OpenAI's privacy filter, a bidirectional encoder) rather than
+        predicting the next one: its routing is captured, but nothing that needs next-token predictions
+        (generation, counterfactuals, attribution, replay) applies."""
+        return type(self.model).__name__.endswith("ForTokenClassification")
+
+    def refuse_token_classifier(self, what: str) -> None:
+        """InputError naming `what` when the model is a token classifier (`is_token_classifier`)."""
+        if self.is_token_classifier:
+            raise InputError(
+                f"{what} needs next-token predictions; {self.info.source} is a token classifier "
+                f"({type(self.model).__name__}), which labels tokens instead"
+            )
 
     # read from the config once: a transformers config attribute costs ~5 µs, a fixed cost per capture
     @functools.cached_property

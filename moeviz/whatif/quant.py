@@ -362,7 +362,7 @@ def quantisation_flips(
     report(0.45, "routing the quantised model")
     after = capture(quantised, token_ids=[ids])
     delta = float("nan")
-    if not loaded.is_encoder_decoder and len(ids) > 1:
+    if not (loaded.is_encoder_decoder or loaded.is_token_classifier) and len(ids) > 1:
         report(0.7, "next-token log-probabilities")
         delta = float((_next_token_logprob(quantised, ids) - _next_token_logprob(loaded, ids)).mean())
     layers, margins, flips = _frames(before, after, dtype, target)

@@ -57,3 +57,10 @@ def test_about_lists_the_dense_layers(tiny_model_dir, monkeypatch):
     local_tiny_model(tiny_model_dir, monkeypatch, "deepseek_v3")  # first_k_dense_replace = 1
     at = run_page("pages/about.py", timeout_s=120)
     assert _metric(at, "Dense layers") == "0"
+
+
+@pytest.mark.parametrize("page", ["pages/about.py", "pages/routing.py", "pages/load.py"])
+def test_a_token_classifier_opens_on_the_routing_pages(tiny_model_dir, monkeypatch, page):
+    local_tiny_model(tiny_model_dir, monkeypatch, "openai_privacy_filter")
+    at = run_page(page, timeout_s=120)  # no exception, no error box
+    assert at.title[0].value

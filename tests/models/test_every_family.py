@@ -193,3 +193,19 @@ def test_gemma4_scores_are_the_probabilities_its_router_returns(tiny_model_dir):
         np.testing.assert_allclose(
             routing.scores, p.reshape(routing.scores.shape).numpy(), rtol=1e-5, atol=1e-7
         )
+
+
+def test_a_token_classifier_is_captured_but_refuses_what_needs_next_tokens(tiny_model_dir):
+    """OpenAI's privacy filter labels tokens: its routing is captured (checked above), its logits are not
+    read as next-token predictions, and generation and counterfactuals are refused in one line."""
+    from moeviz.errors import InputError
+    from moeviz.interventions import DisableExpert, counterfactual
+
+    loaded = moeviz.load_model(tiny_model_dir("openai_privacy_filter"))
+    assert loaded.is_token_classifier
+    trace = moeviz.capture(loaded, token_ids=[list(range(3, 20))])
+    assert (trace.tokens["predicted_id"] == -1).all()
+    with pytest.raises(InputError, match=r"generate needs next-token predictions.*token classifier"):
+        moeviz.capture(loaded, token_ids=[[3, 4, 5]], generate=2)
+    with pytest.raises(InputError, match="counterfactual routing needs next-token predictions"):
+        counterfactual(loaded, token_ids=[3, 4, 5, 6], interventions=[DisableExpert(expert=1, layer=0)])

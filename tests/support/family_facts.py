@@ -133,6 +133,8 @@ FACTS: dict[str, Facts] = {
         shared=0, passes=1, text_model="model.language_model"),
     "nemotron_h": Facts(moe=(1, 4), hashed=(), experts=8, zero=0, k=2, score="sigmoid", bias=True,
         shared=1, passes=1, text_model=""),
+    "openai_privacy_filter": Facts(moe=(0, 1), hashed=(), experts=8, zero=0, k=2, score="softmax", bias=False,
+        shared=0, passes=1, text_model=""),
     "qwen3_5_moe": Facts(moe=(0, 1), hashed=(), experts=8, zero=0, k=2, score="softmax", bias=False,
         shared=1, passes=1, text_model=""),
     "qwen3_5_moe_text": Facts(moe=(0, 1), hashed=(), experts=8, zero=0, k=2, score="softmax", bias=False,
