@@ -14,7 +14,11 @@ from typing import Any
 # server.maxUploadSize is in MB: the server takes 2**20 bytes per unit, the browser 10**6 (2**20 on Windows)
 # and refuses a larger file itself, without a word. 2 lets through any file the prompt form may refuse with
 # its own message (over 1 MiB, `PROMPT_FILE_LIMIT` in app/components/prompt.py).
-APP_FLAGS = ("--runner.postScriptGC", "false", "--server.maxUploadSize", "2")
+# The app is a local tool: no usage statistics leave the machine, and the toolbar has no Deploy button.
+APP_FLAGS = (
+    *("--runner.postScriptGC", "false", "--server.maxUploadSize", "2"),
+    *("--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"),
+)
 
 
 def add_parser(commands: Any) -> None:

@@ -20,6 +20,7 @@ from moeviz.cli.flags import (
     prompt_inputs,
 )
 from moeviz.cli.output import Column, note_lines, text_table
+from moeviz.cli.progress import progress_bar
 from moeviz.errors import InputError
 
 # `balance_frame`'s columns, as the summary shows them (the widths keep short numbers in a fixed layout)
@@ -90,8 +91,6 @@ def check_engine_flags(args: argparse.Namespace) -> None:
 
 
 def run_capture(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     inputs = prompt_inputs(args)
     out = _checked_output(args.out)
     if args.generate < 0:
@@ -100,7 +99,7 @@ def run_capture(args: argparse.Namespace) -> int:
     if args.engine == "vllm":
         return _run_vllm_capture(args, inputs, out)
     placement = placement_kwargs(args)
-    with tqdm(total=3, desc="moeviz capture", unit="step", file=sys.stderr, leave=False) as bar:
+    with progress_bar(total=3, desc="moeviz capture", unit="step") as bar:
         from transformers.utils import logging as hf_logging
 
         import moeviz
@@ -126,12 +125,10 @@ def run_capture(args: argparse.Namespace) -> int:
 
 
 def _run_vllm_capture(args: argparse.Namespace, inputs: dict[str, Any], out: Path) -> int:
-    from tqdm import tqdm
-
     from moeviz.analysis import balance_frame
     from moeviz.engines.vllm import capture_vllm
 
-    with tqdm(total=2, desc="moeviz capture (vLLM)", unit="step", file=sys.stderr, leave=False) as bar:
+    with progress_bar(total=2, desc="moeviz capture (vLLM)", unit="step") as bar:
         trace = capture_vllm(
             args.model,
             inputs.get("texts"),

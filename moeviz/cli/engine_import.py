@@ -5,13 +5,13 @@ routing, a load table for expert counts — that `report`, `whatif`, `diff` and 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
 from moeviz.cli.capture import SUMMARY_COLUMNS, _checked_output, format_summary
 from moeviz.cli.flags import MODEL_HELP
 from moeviz.cli.output import Column, note_lines, text_table
+from moeviz.cli.progress import progress_bar
 
 LOAD_SUMMARY_COLUMNS = [
     Column("layer", width=5),
@@ -55,15 +55,13 @@ def add_parser(commands: Any) -> None:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from moeviz.engines import import_routing
     from moeviz.engines.layout import routing_layout
     from moeviz.engines.tokens import read_token_ids
     from moeviz.trace import ExpertLoad
 
     out = _checked_output(args.out)
-    with tqdm(total=2, desc="moeviz import", unit="step", file=sys.stderr, leave=False) as bar:
+    with progress_bar(total=2, desc="moeviz import", unit="step") as bar:
         bar.set_postfix_str(f"reading {args.format}")
         token_ids = None
         if args.token_ids is not None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import stat
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -133,22 +132,14 @@ def _check_map_devices(device_map: Any, text: str) -> None:
 def load_progress(description: str = "loading model") -> Callable[[int, int], None]:
     """A `load_model(progress=...)` callback drawing the bytes read on stderr; the bar closes when the load
     completes."""
-    from tqdm import tqdm
+    from moeviz.cli.progress import progress_bar
 
     bars: list[Any] = []
 
     def update(done: int, total: int) -> None:
         if not bars:
             bars.append(
-                tqdm(
-                    total=total,
-                    desc=description,
-                    unit="B",
-                    unit_scale=True,
-                    unit_divisor=1024,
-                    file=sys.stderr,
-                    leave=False,
-                )
+                progress_bar(total=total, desc=description, unit="B", unit_scale=True, unit_divisor=1024)
             )
         bars[0].update(done - bars[0].n)
         if done >= total:

@@ -27,6 +27,7 @@ from moeviz.cli.flags import (
     prompt_inputs,
 )
 from moeviz.cli.output import Column, json_text, markdown_table, note_lines, text_table
+from moeviz.cli.progress import progress_bar
 from moeviz.errors import InputError
 
 REPORT_MAX_CHUNKS = 64  # report --corpus: sequences per domain
@@ -160,7 +161,6 @@ def run_report(args: argparse.Namespace) -> int:
         return checkpoints.run_checkpoints(args)
     if args.trace is not None:
         return run_file_report(args)
-    from tqdm import tqdm
     from transformers.utils import logging as hf_logging
 
     import moeviz
@@ -186,9 +186,7 @@ def run_report(args: argparse.Namespace) -> int:
     else:
         batches, seq_domains = _corpus_batches(loaded, corpus, args)
         traces = []
-        with tqdm(
-            total=sum(len(b) for b in batches), desc="routing corpus", unit="seq", file=sys.stderr
-        ) as bar:
+        with progress_bar(total=sum(len(b) for b in batches), desc="routing corpus", unit="seq") as bar:
             for batch in batches:
                 traces.append(capture_quietly(loaded, token_ids=batch))
                 bar.update(len(batch))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -259,15 +258,15 @@ def _check_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
 def run_whatif(args: argparse.Namespace) -> int:
     """`moeviz whatif SIMULATOR ...`: values checked, routing gathered, simulator run, result printed."""
     _check_values(args)
-    from tqdm import tqdm
     from transformers.utils import logging as hf_logging
 
+    from moeviz.cli.progress import progress_bar
     from moeviz.cli.whatif_runs import SIMULATORS
 
     run = SIMULATORS[args.whatif]
 
     hf_logging.disable_progress_bar()  # one progress bar: ours
-    with tqdm(total=3, desc=f"moeviz whatif {args.whatif}", unit="step", file=sys.stderr, leave=False) as bar:
+    with progress_bar(total=3, desc=f"moeviz whatif {args.whatif}", unit="step") as bar:
         text = run(args, bar)
     print(text)
     return 0
