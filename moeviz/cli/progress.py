@@ -10,13 +10,13 @@ import re
 import sys
 from typing import Any, TextIO
 
-_NUMBER = re.compile(r"\d")
+_NUMBER = re.compile(r"\d+")
 
 
 class StageLines:
-    """tqdm's interface, as the CLI uses it, written as one line per stage: `desc: stage` each time the
-    postfix's words change (its numbers, e.g. MiB loaded, are not a new stage); a bar without stages writes
-    one line when it closes (`desc: n/total unit`)."""
+    """tqdm's interface, as the CLI uses it, written as one line per stage: `desc: postfix` each time the
+    postfix changes other than in its numbers (MiB loaded is one stage, printed when it starts); a bar
+    without stages writes one line when it closes (`desc: n/total unit`)."""
 
     def __init__(self, desc: str, file: TextIO, total: int, unit: str) -> None:
         self.desc, self.file, self.total, self.unit = desc, file, total, unit
@@ -29,10 +29,10 @@ class StageLines:
         self.close()
 
     def set_postfix_str(self, text: str) -> None:
-        stage = _NUMBER.split(text, 1)[0].strip()
+        stage = _NUMBER.sub("#", text)
         if stage != self._stage:
             self._stage = stage
-            print(f"{self.desc}: {stage}", file=self.file, flush=True)
+            print(f"{self.desc}: {text}", file=self.file, flush=True)
 
     def update(self, n: int = 1) -> None:
         self.n += n

@@ -20,13 +20,14 @@ def test_a_pipe_gets_one_line_per_stage():
         for mib in range(800):  # a load reports its bytes hundreds of times
             bar.set_postfix_str(f"loading model {mib / 10:,.1f}/80.0 MiB")
         bar.update()
-        bar.set_postfix_str("running forward")
+        bar.set_postfix_str("generating 200 tokens")
         bar.update()
         bar.set_postfix_str("writing parquet")
         bar.update()
     assert out.getvalue().splitlines() == [
         "moeviz capture: loading model",
-        "moeviz capture: running forward",
+        "moeviz capture: loading model 0.0/80.0 MiB",  # the stage, once, not its 800 updates
+        "moeviz capture: generating 200 tokens",
         "moeviz capture: writing parquet",
     ]
 
