@@ -21,6 +21,7 @@ def next_token_metrics(cf: Counterfactual, *, mean_label: str, mean_help: str, n
         repr(cf.next_token_after),
         "changed" if cf.next_id_after != cf.next_id else "same",
         delta_color="off",
+        delta_arrow="off",  # a word, not a rise: an arrow would read "↑ same"
         width="content",
     )
     row.metric(

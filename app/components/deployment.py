@@ -17,7 +17,7 @@ from components.widgets import toggle
 from moeviz.charts.deployment import balancedness_chart, gpu_load_heatmap
 from moeviz.store import StoreQuery
 from moeviz.trace import ExpertLoad
-from moeviz.whatif.capacity import replay_capacity
+from moeviz.whatif.capacity import SmallestCF, replay_capacity, smallest_cf
 from moeviz.whatif.ep import (
     EPConfig,
     fit_placement,
@@ -35,9 +35,42 @@ from moeviz.whatif.model_size import (
     model_size,
 )
 from moeviz.whatif.offload import hit_rate_curve, simulate_offload
-from moeviz.whatif.routes import Routes, routes_from_store, routes_from_trace
+from moeviz.whatif.routes import Routes, routes_from_store, routes_from_trace, sequence_token_ids
 
 DOC = "docs/deployment-whatifs.md"  # where the definitions are, as the page names it
+GIB = 2**30
+SPLITS = {"shuffled": "half at random (seed 0)", "ordered": "the first half, in order"}
+
+
+@dataclasses.dataclass(frozen=True)
+class RerunInput:
+    """The input of the tabs that run the model (quantisation, prefetch): `kwargs` for
+    `quantisation_flips` / `prefetch_recall` (text= or token_ids=), `key` what their results are kept
+    under, `label` how the tabs name it, `note` why it is not the page's input ("" when it is)."""
+
+    kwargs: dict
+    key: str
+    label: str
+    note: str
+
+
+def rerun_input(page_in, text: str, stored: bool) -> RerunInput:
+    """What the model-running tabs run: the evaluation corpus's sequences when the page replays the corpus,
+    else the prompt; a routing file, a load table or a store run holds routing, not text the model can run
+    again, so those tabs run the prompt (or the corpus) and `note` says so."""
+    if page_in.is_corpus:
+        ids = sequence_token_ids(page_in.routing)
+        kwargs, key = {"token_ids": ids}, "corpus"
+        label = f"the evaluation corpus ({len(ids)} sequences, {sum(map(len, ids)):,} tokens)"
+    else:
+        kwargs, key, label = {"text": text}, text, "the prompt"
+    if stored:
+        note = f"It runs the model, so it uses {label}, not the store run (a store holds routing only)."
+    elif page_in.from_file:
+        note = f"It runs the model, so it uses {label}, not the routing file."
+    else:
+        note = ""
+    return RerunInput(kwargs, key, label, note)
 
 
 def definitions(heading: str, *used: str) -> None:
@@ -110,28 +143,37 @@ def expert_size(source: str, _loaded: moeviz.LoadedModel, dtype: str) -> int:
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def ep_whatif(source: str, input_key: str, _routes: Routes, settings: tuple, fit_on_part: bool):
+def ep_whatif(
+    source: str, input_key: str, _routes: Routes, settings: tuple, fit_on_part: bool, split: str = "shuffled"
+):
     """(before, after, how): the EP results of the plain deployment (contiguous, no redundant slot) and of the
     chosen one (`settings`: EPConfig's fields as (name, value) pairs). With `fit_on_part` the placement is
-    fitted on the first half of the routing and both are judged on the rest (`how` says which part);
-    otherwise it is fitted on the same routing (how = "")."""
+    fitted on half of the routing (`split`: `Routes.split`'s order, seed 0) and both are judged on the rest
+    (`how` names the split); otherwise it is fitted on the same routing (how = "")."""
     config = EPConfig(**dict(settings))
     plain = dataclasses.replace(config, placement="contiguous", redundant=0)
     if fit_on_part:
-        fit, rest, how = _routes.split()
+        fit, rest, how = _routes.split(0.5, order=split)
         return simulate_ep(rest, plain), simulate_ep(rest, config, fit_placement(fit, config)), how
     return simulate_ep(_routes, plain), simulate_ep(_routes, config), ""
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def ep_load_whatif(input_key: str, _load: ExpertLoad, settings: tuple, fit_on_part: bool, groups: int):
+def ep_load_whatif(
+    input_key: str,
+    _load: ExpertLoad,
+    settings: tuple,
+    fit_on_part: bool,
+    groups: int,
+    split: str = "shuffled",
+):
     """(before, after, how) of a load table (`simulate_ep_load`: GPU loads and balancedness from the counts,
-    no traffic), as `ep_whatif`: with `fit_on_part` the placement is fitted on the first half of the table's
-    steps and both are judged on the rest. `groups`: the router's n_group (EPLB's hierarchy)."""
+    no traffic), as `ep_whatif`: with `fit_on_part` the placement is fitted on half of the table's steps
+    (`split`'s order) and both are judged on the rest. `groups`: the router's n_group (EPLB's hierarchy)."""
     config = EPConfig(**dict(settings))
     plain = dataclasses.replace(config, placement="contiguous", redundant=0)
     if fit_on_part:
-        fit, rest, how = split_load_steps(_load, 0.5)
+        fit, rest, how = split_load_steps(_load, 0.5, order=split)
         placement = fit_placement_counts(
             fit.layer_counts(),
             list(fit.layers),
@@ -145,6 +187,28 @@ def ep_load_whatif(input_key: str, _load: ExpertLoad, settings: tuple, fit_on_pa
             how,
         )
     return simulate_ep_load(_load, plain, groups=groups), simulate_ep_load(_load, config, groups=groups), ""
+
+
+def fit_split_controls(container, units: str) -> tuple[bool, str]:
+    """The EP tab's "Fit on one part" toggle and, when on, how the part is drawn (`SPLITS`) → (fit on a part,
+    the split order). `units`: what is split ("sequences (tokens of one sequence)", "steps")."""
+    fit_on_part = container.toggle(
+        "Fit on one part",
+        key="ep_fit_on_part",
+        help=f"Fit the placement on half of the {units} and judge it on the other half",
+    )
+    if not fit_on_part:
+        return False, "shuffled"
+    split = container.selectbox(
+        "Split",
+        list(SPLITS),
+        format_func=SPLITS.get,
+        key="ep_split",
+        help=f"At random: the {units} in the fit half are drawn with seed 0 (a corpus lists its sequences "
+        "domain by domain: in order, the placement would be fitted on some domains and judged on others). "
+        "In order: the first half, the past to judge the future.",
+    )
+    return True, split
 
 
 def divisors(n: int) -> list[int]:
@@ -233,19 +297,56 @@ def curve_caches(k: int, experts: int) -> tuple[int, ...]:
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def offload_curve(
-    source: str, input_key: str, _routes: Routes, caches: tuple[int, ...], policies: tuple[str, ...]
+    source: str,
+    input_key: str,
+    _routes: Routes,
+    caches: tuple[int, ...],
+    policies: tuple[str, ...],
+    size: int,
 ):
-    """Hit rate against the cache size, per policy (`hit_rate_curve`)."""
-    return hit_rate_curve(_routes, caches, policies=policies)
+    """Hit rate against the cache size, per policy (`hit_rate_curve`), bytes = misses × `size` (one
+    expert's bytes at the tab's format)."""
+    return hit_rate_curve(_routes, caches, policies=policies, expert_bytes=size)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def capacity_whatif(
-    source: str, input_key: str, _routes: Routes, cfs: tuple[float, ...], policy: str, exact: bool
+    source: str,
+    input_key: str,
+    _routes: Routes,
+    cfs: tuple[float, ...],
+    policy: str,
+    exact: bool,
+    group_tokens: int | None = None,
 ):
     """The capacity replay at the capacity factors `cfs` with drop policy `policy` (`exact` rounding or
-    Megatron's float order)."""
-    return replay_capacity(_routes, cfs, policy=policy, exact=exact)
+    Megatron's float order), a dispatch group of one sequence or `group_tokens` tokens."""
+    return replay_capacity(_routes, cfs, policy=policy, exact=exact, group_tokens=group_tokens)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def capacity_search(
+    source: str, input_key: str, _routes: Routes, max_drop: float, exact: bool, group_tokens: int | None
+) -> SmallestCF:
+    """The smallest CF (to 0.01) whose replay drops less than `max_drop` (`smallest_cf`)."""
+    return smallest_cf(_routes, max_drop, group_tokens=group_tokens, exact=exact)
+
+
+def parse_cfs(chosen: list) -> tuple[list[float], list[str]]:
+    """The capacity factors of the CF picker (presets are floats, typed ones strings) → (the positive
+    numbers ascending, the entries that are not)."""
+    good, bad = set(), []
+    for value in chosen:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            bad.append(str(value))
+            continue
+        if number > 0 and number == number and number != float("inf"):
+            good.add(number)
+        else:
+            bad.append(str(value))
+    return sorted(good), bad
 
 
 @st.cache_resource(show_spinner=False)
@@ -278,3 +379,17 @@ def size_table(
             }
         )
     return pd.DataFrame(rows)
+
+
+def in_gib(table: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """The size table for the screen, beside its GiB input: every byte column in GiB (2³⁰ bytes), and its
+    column settings; the downloads keep the exact bytes."""
+    shown = table.copy()
+    config = {}
+    for name in table.columns:
+        if name.startswith(("bytes_", "kv_bytes")):
+            shown[name] = table[name] / GIB
+            config[name] = st.column_config.NumberColumn(
+                f"{name} (GiB)", format="%.3g GiB", help="GiB = 2³⁰ bytes; exact bytes in the downloads"
+            )
+    return shown, config

@@ -190,8 +190,11 @@ def show_chart(chart: alt.TopLevelMixin, key: str, *, select: bool = False):
     keep_labels(chart)
     for_the_page(chart)
     with st.container(key=key):
+        # a concatenation (the layer × expert overview + detail) keeps its own width: stretched, Streamlit
+        # sets each part to the column's width, and the axis beside it pushed the last expert label off
+        width = "content" if isinstance(chart, alt.VConcatChart) else "stretch"
         event = st.altair_chart(
-            chart, width="stretch", on_select="rerun" if select else "ignore", key=f"{key}_chart"
+            chart, width=width, on_select="rerun" if select else "ignore", key=f"{key}_chart"
         )
     with st.popover("Save chart", icon=":material/image:"):
         for fmt, mime in (("svg", "image/svg+xml"), ("png", "image/png")):

@@ -1,6 +1,6 @@
 """Pickers whose choice survives page switches: the model (sidebar), MoE layer, token and attention head (the
-expert picker is the expert axis's: `expert_axis.pick_expert`); a click on a selectable chart moves the
-token and head pickers."""
+expert picker is the expert axis's: `expert_axis.pick_expert`; where it starts, `default_expert`); a click
+on a selectable chart moves the token and head pickers."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import moeviz.charts
 from components import access, load_options
 from components.errors import stop_on_error
 from components.widgets import keep, kept, new_click
+from moeviz.analysis import expert_order
 
 
 def model_picker() -> str:
@@ -147,14 +148,34 @@ def _layer_kind(routing) -> None:
         st.caption(" ".join(notes))
 
 
+# The token label a picker started on by itself (`pick_token`'s first token, `default_token`'s), until the
+# user picks one: a page with a default of its own does not take it for the user's choice
+TOKEN_DEFAULT = "token_default"
+
+
 def pick_token(options: dict[str, tuple[int, int]], clicked: tuple[int, int] | None) -> tuple[int, int]:
     """Token picker (label → (seq, pos)); a newly clicked heatmap cell selects its token. The choice
-    survives page switches (`st.session_state["token"]`)."""
+    survives page switches (`st.session_state["token"]`); where none is kept among `options` it starts on
+    the first token, remembered as a default (`TOKEN_DEFAULT`) until another token is picked."""
     labels = list(options)
     by_key = {key: label for label, key in options.items()}
     if new_click(clicked, "token_clicked") and clicked in by_key:
         st.session_state["token"] = by_key[clicked]
-    return options[kept("token", labels, st.selectbox, "Token", labels, help="Or click a heatmap cell")]
+    if st.session_state.get("token") not in labels:  # `kept` falls back on the first
+        st.session_state[TOKEN_DEFAULT] = labels[0]
+    label = kept("token", labels, st.selectbox, "Token", labels, help="Or click a heatmap cell")
+    if label != st.session_state.get(TOKEN_DEFAULT):  # picked, or clicked: the user's
+        st.session_state.pop(TOKEN_DEFAULT, None)
+    return options[label]
+
+
+def default_token(labels: list[str], default: str) -> None:
+    """Call before `pick_token`: start on `default` (the Why page: the last token) unless the user picked a
+    token among `labels` — where the kept one is not among them (a new prompt) or was a picker's own start
+    (another page's first token)."""
+    token = st.session_state.get("token")
+    if token not in labels or token == st.session_state.get(TOKEN_DEFAULT):
+        st.session_state["token"] = st.session_state[TOKEN_DEFAULT] = default
 
 
 def clicked_token(event) -> tuple[int, int] | None:
@@ -200,20 +221,75 @@ def link_to_why(seq: int, pos: int) -> None:
     st.page_link("pages/why.py", label=label, icon=":material/help:")
 
 
-def why_expert(routing, row: int, token: tuple[int, int]) -> tuple[int | None, str]:
-    """On opening the Why page from the Routing page (`open_why_on`): the expert to explain at token
-    row `row` (token (seq, pos)) of layer `routing` (`LayerRouting`), and a line saying why — the clicked
-    cell's expert if it was dispatched there, else the token's top-1 (the dispatched expert with the
-    largest combination weight). (None, "") where no expert was dispatched."""
+def top_choice(routing, row: int) -> int | None:
+    """The top choice of token row `row` of layer `routing` (`LayerRouting`): the dispatched expert with the
+    largest combination weight (ties, or no weights recorded: the first slot); None where every slot was
+    dropped."""
     experts, weights = routing.experts[row], routing.weights[row]
     dispatched = [(float(w), int(e)) for e, w in zip(experts, weights, strict=True) if e >= 0]
     if not dispatched:
+        return None
+    if not routing.has_weights:  # NaN weights: the slot order is all there is
+        return dispatched[0][1]
+    return max(dispatched, key=lambda pair: pair[0])[1]  # max keeps the first of equal weights
+
+
+# How the kept expert (`st.session_state["expert"]`) was last set here: (model, expert, whether a default)
+EXPERT_DEFAULT = "expert_default"
+
+
+def default_expert(model: object, default: int | None) -> None:
+    """Call before an expert picker (`expert_axis.pick_expert`, or the expert axis that draws it): start it
+    on `default`, the page's own choice (the token's top choice on the Why page, the layer's busiest expert
+    on Routing and Structure), unless the user chose an expert on this `model` (any hashable naming the
+    model or routing file). A default moves on with the page (another layer, token, prompt or page: the new
+    default); an expert picked by hand stays, until another model is opened — on which its id, kept as
+    is, would name an unrelated and often dead expert. `default` None: the picker's own default."""
+    kept_expert = st.session_state.get("expert")
+    last = st.session_state.get(EXPERT_DEFAULT)
+    on_this_model = last is not None and last[0] == model and kept_expert is not None
+    # moved since it was set here (by its picker, or another page's), or chosen: the user's choice
+    by_hand = on_this_model and (last[1] != kept_expert or not last[2])
+    if by_hand:
+        st.session_state[EXPERT_DEFAULT] = (model, kept_expert, False)
+    elif default is not None:
+        st.session_state["expert"] = int(default)
+        st.session_state[EXPERT_DEFAULT] = (model, int(default), True)
+
+
+def set_expert(model: object, expert: int, *, as_default: bool = False) -> None:
+    """Set the kept expert to `expert` on `model`: a link that opens a page on an expert chooses for the
+    user (the Why page opened on a clicked heatmap cell), or, `as_default`, opens on the page's default
+    (the token's top choice), which then moves on with the page as `default_expert` moves a default."""
+    st.session_state["expert"] = int(expert)
+    st.session_state[EXPERT_DEFAULT] = (model, int(expert), as_default)
+
+
+def busiest_expert(load) -> int | None:
+    """The busiest expert of `load` (`expert_balance_frame` rows; several layers: summed), the default of
+    the Routing and Structure pages' expert pickers; None without experts."""
+    return int(expert_order(load, by="load")[0]) if len(load) else None
+
+
+def input_model(page_in) -> object:
+    """What the experts of a page's input (`page_input.PageInput`) are experts of, for `default_expert`:
+    the model, or the routing file."""
+    return page_in.key if page_in.from_file else page_in.key[0]
+
+
+def why_expert(routing, row: int, token: tuple[int, int]) -> tuple[int | None, str]:
+    """On opening the Why page from the Routing page (`open_why_on`): the expert to explain at token
+    row `row` (token (seq, pos)) of layer `routing` (`LayerRouting`), and a line saying why — the clicked
+    cell's expert if it was dispatched there, else the token's top-1 (`top_choice`). (None, "") where no
+    expert was dispatched."""
+    top1 = top_choice(routing, row)
+    if top1 is None:
         return None, ""
-    top1 = max(dispatched, key=lambda pair: pair[0])[1]  # ties: the first slot
+    dispatched = {int(e) for e in routing.experts[row] if e >= 0}
     cell = st.session_state.get(WHY_CELL)
     clicked = cell[2] if cell is not None and tuple(cell[:2]) == tuple(token) else None
     where = f"layer {routing.layer}"
-    if clicked is not None and clicked in {e for _, e in dispatched}:
+    if clicked is not None and clicked in dispatched:
         return clicked, f"Opened on expert {clicked}, the heatmap cell you clicked (dispatched at {where})."
     if clicked is not None:
         return top1, (

@@ -6,7 +6,14 @@ from components import caches, exports, load_options, page_input, pickers
 from components.scale import trace_at_scale
 
 from moeviz.analysis import balance_frame
-from moeviz.architecture import bias_frame, dense_layers, layer_facts_frame, parameter_summary
+from moeviz.architecture import (
+    bias_frame,
+    dense_layers,
+    group_limit,
+    layer_facts_frame,
+    parameter_summary,
+    scaling_summary,
+)
 from moeviz.charts import bias_chart, layer_expert_heatmap
 from moeviz.models.memory import format_bytes
 
@@ -53,6 +60,7 @@ if chosen.from_file:
     file_facts()
     st.stop()
 loaded = caches.get_model(source)
+facts = layer_facts_frame(trace, loaded.model.config)  # the config: the routed scaling weights may hide
 params = parameter_summary(
     loaded.model,
     experts=None if first is None else int(first["experts"]),
@@ -70,32 +78,60 @@ a.metric("Layers", info.num_layers, help="Transformer blocks")
 b.metric("MoE layers", len(facts), help="Blocks with a router (the rest are dense)")
 c.metric("Routed experts", params["experts"] or "?", help="E: experts per MoE layer a router chooses from")
 d.metric("Top-k", params["top_k"] or "?", help="k: experts each token is sent to per MoE layer")
+# model cards differ on the input embedding (a token reads one row of it): say that it is counted
+embedding = params["active"] is not None and params["input_embedding"] > 0
 a, b, c, d = st.columns(4)
 a.metric("Parameters", f"{params['total']:,}", help="Every weight of the model")
 b.metric(
     "Active per token",
     f"{params['active']:,}" if params["active"] is not None else "?",
     help="total − routed × (1 − k/E): a token uses k of the E routed experts; shared experts, attention and "
-    "embeddings always run",
+    "embeddings always run"
+    + (" (the input embedding too: the line below gives the count without it)" if embedding else ""),
 )
 c.metric("Active fraction", f"{params['active_fraction']:.0%}" if params["active_fraction"] else "?")
 d.metric("Routed-expert parameters", f"{params['routed']:,}", help="Weights inside routed experts")
+if embedding:
+    st.caption(
+        f"Active per token counts the input embedding ({params['input_embedding']:,} parameters), although a "
+        f"token reads one row of it; without it, {params['active_without_input_embedding']:,}. Model cards "
+        "differ: gpt-oss's published 5.1 B active leaves it out, Mixtral's 12.9 B counts it."
+    )
 dense = dense_layers(trace)
 zero = facts["zero_experts"].max() if len(facts) else 0
-a, b = st.columns(2)
-a.metric(
+# side by side at their own width, wrapping on a narrow page: "best 4 of 8 groups" is never cut
+row = st.container(horizontal=True, gap="large")
+row.metric(
     "Dense layers",
     ", ".join(map(str, dense)) if dense else "none",
     help="Layers without a router (dense-first layers, or the dense half of an interleaved model)",
+    width="content",
+)
+row.metric(
+    "Group limit",
+    group_limit(facts),
+    help="Group-limited routing (DeepSeek-V3, Kimi-K2): the experts are split into n_group groups and each "
+    "token chooses its k experts among the experts of its best topk_group groups only. Per layer: the "
+    "n_group and topk_group columns of the table below.",
+    width="content",
+)
+row.metric(
+    "Routed scaling",
+    scaling_summary(facts),
+    help="The routed scaling factor: the routed experts' combination weights are multiplied by it "
+    "(DeepSeek-V3: 2.5). Read off the captured weights where every token's weights sum to the same value, "
+    "else the config's routed_scaling_factor. Per layer: the routed_scaling column of the table below.",
+    width="content",
 )
 if zero:
     skipped = balance_frame(trace)["skipped_fraction"].mean()
-    b.metric(
+    row.metric(
         "Zero-computation experts",
         f"{zero} · {skipped:.1%} of slots",
         help="Experts that compute nothing (identity or skip) beside the routed ones; the share of this "
         "prompt's expert slots that went to them is compute the router skipped. Loads, dead experts and "
         "balance count only the routed experts.",
+        width="content",
     )
 
 st.subheader("Precision, device and memory")
@@ -131,7 +167,11 @@ st.caption(
     "score_fn: how router logits become scores (softmax over experts, or an independent sigmoid or "
     "sqrt-softplus per expert); selection: what the top-k was taken on (a hash table: a fixed token-id → "
     "experts table, the scores only weight the chosen experts); zero_experts: experts that compute nothing, "
-    "beside the routed ones; shared_experts: experts every token uses besides the routed ones; capacity: "
+    "beside the routed ones; n_group, topk_group: the group limit (each token chooses among the experts of "
+    "its best topk_group of n_group groups; None = no limit); routed_scaling: the factor the routed "
+    "experts' weights are multiplied by (read off the weights where every token's weights share one sum, "
+    "else the config's; None = neither tells); shared_experts: experts every token uses besides the routed "
+    "ones; capacity: "
     "most tokens an expert may take per batch (None = unlimited, no token dropped); decision_source: where "
     "moeviz read the routing; block and pass: a looped block runs once per pass, each pass its own layer."
 )

@@ -11,6 +11,7 @@ from moeviz.charts import (
     kv_whatif_heatmap,
     token_window,
 )
+from moeviz.charts.attention import MAP_SCALES
 from moeviz.whatif.kv_cache import kv_cache_whatif
 
 WINDOW_SIZES = [16, 32, 64, 128]  # query rows (and key columns) of the visible map: at most 128² cells
@@ -101,8 +102,13 @@ def heads_and_map() -> None:
     block = att.block(layer, head, seq, rows=list(rows), cols=list(cols))
     cells = attention_block_frame(block, rows, cols, tokens)
     picked = heads[(heads["layer"] == layer) & (heads["head"] == head)].iloc[0]
+    # log by default: over hundreds of keys the weights are ~1/T, one flat grey on a 0–1 scale
+    shade = st.radio(
+        "Colour", list(MAP_SCALES), format_func=MAP_SCALES.get, horizontal=True, key="attention_map_scale"
+    )
     exports.show_chart(
-        attention_map_chart(cells, title=f"Layer {layer}, head {head} ({picked['kind']})"), "attention_map"
+        attention_map_chart(cells, title=f"Layer {layer}, head {head} ({picked['kind']})", scale=shade),
+        "attention_map",
     )
     st.caption(
         "Cell (i, j) = p_ij = softmax_j(scaling · q_i · k_j + mask), the share of query i's attention on "

@@ -34,8 +34,9 @@ from moeviz.whatif.quant import DTYPES, FORMATS, TARGETS, quantisation_flips
 
 TABS = ["Expert parallelism", "Offloading", "Capacity", "Quantisation", "Model size"]
 CAPACITY_FACTORS = [0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0]
-QUANT = "deployment_quant"  # session: {(model key, text, dtype, target): QuantResult}
-PREFETCH = "deployment_prefetch"  # session: {(model key, text): prefetch recall frame}
+QUANT = "deployment_quant"  # session: {(model key, input key, dtype, target): QuantResult}
+PREFETCH = "deployment_prefetch"  # session: {(model key, input key): prefetch recall frame}
+GROUPS = ("one sequence", "a batch of N tokens")  # the capacity tab's dispatch groups
 
 
 st.title("Deployment what-ifs")
@@ -86,6 +87,8 @@ if load_table is None and (stored is not None or chosen.from_file):
         )
     else:
         st.caption(f"{sizes.capitalize()}: choose the model the {replayed_kind}.")
+with stop_on_error():
+    rerun = deployment.rerun_input(chosen, text, stored is not None)  # what quantisation and prefetch run
 NEEDS_TOKENS = (
     "needs each token's experts: a load table has expert counts only (Expert parallelism replays them)"
 )
@@ -103,11 +106,7 @@ if ep_tab.open is not False and load_table is not None:
             placement_help="contiguous: expert e on GPU e // (E/G); eplb: DeepSeek's EPLB rebalance_experts "
             "on the counts. (traffic needs which experts tokens choose together: per-token routing.)",
         )
-        fit_on_part = st.toggle(
-            "Fit on one part",
-            key="ep_fit_on_part",
-            help="Fit the placement on the first half of the load table's steps and judge it on the rest",
-        )
+        fit_on_part, split = deployment.fit_split_controls(st, "load table's steps")
         # EPLB's hierarchy uses the router's groups: the sidebar model's, when it routes over as many experts
         sites = [site for site in loaded.sites if site.num_experts == experts]
         groups = (sites[0].n_group or 1) if sites else 1
@@ -118,7 +117,12 @@ if ep_tab.open is not False and load_table is not None:
             )
             with st.spinner("Placing the experts on the deployment…"):
                 ep_result = deployment.ep_load_whatif(
-                    input_key, load_table, tuple(dataclasses.asdict(config).items()), fit_on_part, groups
+                    input_key,
+                    load_table,
+                    tuple(dataclasses.asdict(config).items()),
+                    fit_on_part,
+                    groups,
+                    split,
                 )
         except moeviz.MoevizError as exc:
             st.error(str(exc))
@@ -135,7 +139,7 @@ if ep_tab.open is not False and load_table is not None:
             st.caption(
                 "From the expert counts alone: which GPU each expert's tokens land on and how evenly. The "
                 "All-to-All bytes, times and communication share need each token's set of experts, which a "
-                "load table does not have." + (f" The {placement} placement was {how}." if how else "")
+                "load table does not have." + (f" Split: the {placement} placement was {how}." if how else "")
             )
             deployment.show_ep_placements(before, after, placement, redundant)
             layers = after.layers_frame()[["layer", "ep_balancedness", "max_gpu_load", "mean_gpu_load"]]
@@ -178,16 +182,19 @@ if ep_tab.open is not False and load_table is None:
             key="ep_message_dtype",
             help="FP8 as DeepEP sends it (one scale per 128)",
         )
-        fit_on_part = d.toggle(
-            "Fit on one part",
-            key="ep_fit_on_part",
-            help="Fit the placement on the first half of the routing and judge it on the rest",
+        fit_on_part, split = deployment.fit_split_controls(
+            d, "sequences (the tokens, when there is one sequence)"
         )
         with st.expander("Links and compute"):
             a, b, c = st.columns(3)
             nvlink = a.number_input("NVLink GB/s per GPU", 1.0, 10_000.0, 450.0, key="ep_nvlink")
             internode = b.number_input("Inter-node GB/s per GPU", 1.0, 10_000.0, 50.0, key="ep_internode")
             tflops = c.number_input("GPU TFLOP/s (achieved)", 1.0, 100_000.0, 400.0, key="ep_tflops")
+            st.caption(
+                "The time model is bandwidth only: each GPU's bytes ÷ its link's GB/s, with no per-message "
+                "latency (the few µs each RDMA or NVLink transfer costs to start). Many small messages, as "
+                "in decoding, take longer than it says."
+            )
         ep_result = None
         try:
             config = EPConfig(
@@ -206,14 +213,14 @@ if ep_tab.open is not False and load_table is None:
             )
             with st.spinner("Replaying the routing on the deployment…"):
                 ep_result = deployment.ep_whatif(
-                    source, input_key, routes, tuple(dataclasses.asdict(config).items()), fit_on_part
+                    source, input_key, routes, tuple(dataclasses.asdict(config).items()), fit_on_part, split
                 )
         except moeviz.MoevizError as exc:
             st.error(str(exc))
         if ep_result is not None:
             before, after, how = ep_result
             totals, plain = after.totals(), before.totals()
-            m1, m2, m3 = st.columns(3)
+            m1, m2, m3, m4 = st.columns(4)
             m1.metric(
                 "ep_balancedness_over_layers",
                 f"{totals['ep_balancedness_over_layers']:.3f}",
@@ -223,17 +230,27 @@ if ep_tab.open is not False and load_table is None:
                 help="vLLM's Σ_l mean_g load / Σ_l max_g load (1 = every GPU equally loaded)",
             )
             m2.metric(
+                "Inter-node bytes",
+                f"{totals['dispatch_bytes_inter']:,}",
+                delta=f"contiguous: {plain['dispatch_bytes_inter']:,}",
+                delta_color="off",
+                delta_arrow="off",
+                help="Dispatch bytes that cross nodes (RDMA, the slow link), over all layers; a token is "
+                "sent once per destination GPU (DeepEP). Combine sends as many back.",
+            )
+            m3.metric(
                 "Dispatch bytes",
                 f"{totals['combine_bytes']:,}",
                 help="Over all layers, local + intra-node + inter-node; a token is sent once per destination "
-                f"GPU (DeepEP). Combine bytes are the same. Inter-node: {totals['dispatch_bytes_inter']:,}; "
-                f"remote without dedup: {totals['dispatch_bytes_nodedup']:,}",
+                f"GPU (DeepEP). Combine bytes are the same. Remote without dedup: "
+                f"{totals['dispatch_bytes_nodedup']:,}",
             )
             share = totals["comm_share"]
-            m3.metric(
+            m4.metric(
                 "Communication share",
                 "n/a" if share is None or share != share else f"{share:.1%}",
-                help="Modelled All-to-All time ÷ (All-to-All + expert compute) over the MoE layers",
+                help="Modelled All-to-All time ÷ (All-to-All + expert compute) over the MoE layers; "
+                "bandwidth only, no per-message latency",
             )
             if after.same_data:
                 st.caption(
@@ -241,7 +258,9 @@ if ep_tab.open is not False and load_table is None:
                     "figure. Turn on *Fit on one part* to judge it on tokens it has not seen."
                 )
             else:
-                st.caption(f"The {placement} placement was {how}; both heatmaps show the evaluation part.")
+                st.caption(
+                    f"Split: the {placement} placement was {how}; both heatmaps show the evaluation part."
+                )
             if replica == "vllm" and stored is None and not page_input.is_ranked(chosen.routing):
                 st.caption(
                     f"{chosen.label} lists each token's experts in id order, not the router's: the vllm "
@@ -285,7 +304,12 @@ if offload_tab.open is not False and routes is not None:
                     source, input_key, routes, cache, tuple(policies), expert_size, float(bandwidth)
                 )
                 curve = deployment.offload_curve(
-                    source, input_key, routes, deployment.curve_caches(k, experts), tuple(policies)
+                    source,
+                    input_key,
+                    routes,
+                    deployment.curve_caches(k, experts),
+                    tuple(policies),
+                    expert_size,
                 )
             columns = st.columns(len(results))
             for column, (policy, result) in zip(columns, results.items(), strict=True):
@@ -315,14 +339,14 @@ if offload_tab.open is not False:
         st.subheader("Speculative prefetch")
         st.caption(
             "Apply layer ℓ+1's router to layer ℓ's hidden state and prefetch the experts it picks: how many "
-            "of the experts layer ℓ+1 really chose it finds. Runs the model on the prompt"
-            + (", not the routing file." if chosen.from_file else ".")
+            f"of the experts layer ℓ+1 really chose it finds. Runs the model on {rerun.label} (one forward "
+            f"per sequence). {rerun.note}"
         )
         prefetched = st.session_state.setdefault(PREFETCH, {})
         if st.button("Measure the prefetch recall", key="prefetch_run", icon=":material/play_arrow:"):
-            with st.spinner("Routing the prompt and applying each next router…"), stop_on_error():
-                prefetched[(source, text)] = prefetch_recall(loaded, text=text)
-        recall = prefetched.get((source, text))
+            with st.spinner(f"Routing {rerun.label} and applying each next router…"), stop_on_error():
+                prefetched[(source, rerun.key)] = prefetch_recall(loaded, **rerun.kwargs)
+        recall = prefetched.get((source, rerun.key))
         if recall is not None:
             exports.show_chart(prefetch_recall_chart(recall), "prefetch_recall")
             st.dataframe(recall, hide_index=True)
@@ -334,8 +358,13 @@ weightless = stored is None and load_table is None and not all(r.has_weights for
 if capacity_tab.open is not False and routes is not None:
     with capacity_tab:
         a, b, c = st.columns([2, 1, 1])
-        cfs = a.multiselect(
-            "Capacity factors", CAPACITY_FACTORS, default=list(DEFAULT_CFS), key="capacity_cfs"
+        picked = a.multiselect(
+            "Capacity factors",
+            CAPACITY_FACTORS,
+            default=list(DEFAULT_CFS),
+            key="capacity_cfs",
+            accept_new_options=True,
+            help="Choose from the list or type any positive number (2.4, 5) and press Enter",
         )
         drop_policy = b.selectbox(
             "Drop policy",
@@ -350,17 +379,50 @@ if capacity_tab.open is not False and routes is not None:
             key="capacity_exact",
             help="ceil of the exact (T·k/E)·CF; off = Megatron's float order, which can land one above",
         )
+        a, b, c = st.columns([2, 1, 1])
+        group = a.radio(
+            "Dispatch group",
+            GROUPS,
+            key="capacity_group",
+            horizontal=True,
+            help="The tokens one capacity C = ceil((T·k/E)·CF) is counted over: each sequence on its own, or "
+            "a batch of N consecutive tokens (the sequences packed one after another, as a server batches "
+            "them; the last batch shorter)",
+        )
+        group_tokens = None
+        if group == GROUPS[1]:
+            group_tokens = int(
+                b.number_input("N tokens", 1, 10_000_000, 2048, step=256, key="capacity_group_tokens")
+            )
+        max_drop = c.number_input(
+            "Drops under (%)",
+            0.001,
+            100.0,
+            1.0,
+            step=0.5,
+            format="%.3g",
+            key="capacity_max_drop",
+            help="The readout below finds the smallest CF whose replay drops less than this share",
+        )
+        cfs, bad = deployment.parse_cfs(picked)
+        if bad:
+            st.warning(f"Not a positive number, left out: {', '.join(bad)}", icon=":material/warning:")
+        with stop_on_error():
+            search = deployment.capacity_search(
+                source, input_key, routes, float(max_drop) / 100, exact, group_tokens
+            )
+        st.info(search.readout, icon=":material/search:")
         if not cfs:
             st.info("Choose at least one capacity factor.")
         else:
             with stop_on_error():
                 capacity = deployment.capacity_whatif(
-                    source, input_key, routes, tuple(sorted(cfs)), drop_policy, exact
+                    source, input_key, routes, tuple(cfs), drop_policy, exact, group_tokens
                 )
             layers = capacity.layers_frame()
             exports.show_chart(capacity_drop_chart(layers), "capacity_drops")
             exports.show_chart(position_drop_chart(capacity.position_frame()), "capacity_positions")
-            shown_cf = st.select_slider("Overflowing experts at CF", sorted(cfs), key="capacity_shown_cf")
+            shown_cf = st.select_slider("Overflowing experts at CF", cfs, key="capacity_shown_cf")
             exports.show_chart(overflow_heatmap(capacity.experts_frame(), shown_cf), "capacity_overflow")
             st.dataframe(layers, hide_index=True)
             exports.table_downloads(layers, "capacity_layers")
@@ -370,9 +432,8 @@ if capacity_tab.open is not False and routes is not None:
 if quant_tab.open is not False:
     with quant_tab:
         st.caption(
-            "Run the prompt through the model and through a copy with fake-quantised weights, and compare "
-            "which experts each token is sent to. The shared model is never changed."
-            + (" It runs the model, so it uses the prompt, not the routing file." if chosen.from_file else "")
+            f"Run {rerun.label} through the model and through a copy with fake-quantised weights, and "
+            f"compare which experts each token is sent to. The shared model is never changed. {rerun.note}"
         )
         a, b = st.columns(2)
         dtype = a.selectbox("Format", DTYPES, key="quant_dtype")
@@ -390,16 +451,16 @@ if quant_tab.open is not False:
                     bar.progress(min(max(fraction, 0.0), 1.0), text=message)
 
                 try:
-                    runs[(source, text, dtype, target)] = quantisation_flips(
-                        loaded, text=text, dtype=dtype, target=target, progress=progress
+                    runs[(source, rerun.key, dtype, target)] = quantisation_flips(
+                        loaded, **rerun.kwargs, dtype=dtype, target=target, progress=progress
                     )
                 except moeviz.MoevizError as exc:
                     status.update(label=str(exc), state="error")
                 else:
                     status.update(label=f"Compared {dtype} ({target}) with the original", state="complete")
-        mine = {key[2:]: result for key, result in runs.items() if key[:2] == (source, text)}
+        mine = {key[2:]: result for key, result in runs.items() if key[:2] == (source, rerun.key)}
         if not mine:
-            st.info("Press the button to run the comparison (two forward passes over the prompt).")
+            st.info(f"Press the button to run the comparison (two forward passes over {rerun.label}).")
             deployment.definitions("Quantisation", QUANT_DEFINITION)
         else:
             flips = pd.concat([r.layers_frame() for r in mine.values()], ignore_index=True)
@@ -410,7 +471,7 @@ if quant_tab.open is not False:
             st.metric(
                 f"Δ mean log-prob of the next token ({chosen.dtype}, {chosen.target})",
                 f"{chosen.delta_logprob:+.4f}",
-                help="Quantised − original, mean over the prompt's positions",
+                help=f"Quantised − original, mean over the positions of {rerun.label}",
             )
             exports.show_chart(margin_flips_chart(chosen.margin_frame()), "quant_margins")
             st.markdown(f"**Tokens whose experts changed** ({chosen.dtype}, {chosen.target})")
@@ -465,19 +526,16 @@ if size_tab.open is not False:
                 sizes, FORMATS, size_dtype, int(context), int(batch), float(gpu_gib)
             )
         exports.show_chart(params_chart(table), "size_params")
+        shown, gib_columns = deployment.in_gib(table)  # in the unit of the GPU memory input
         st.dataframe(
-            table,
+            shown,
             hide_index=True,
             column_config={
                 **{
                     name: st.column_config.NumberColumn(format="compact")
                     for name in ("total_params", "active_params")
                 },
-                **{
-                    name: st.column_config.NumberColumn(format="bytes", help="Exact values in the downloads")
-                    for name in table.columns
-                    if name.startswith(("bytes_", "kv_bytes"))
-                },
+                **gib_columns,
             },
         )
         st.caption(

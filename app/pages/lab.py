@@ -8,9 +8,16 @@ from components import exports
 from components import lab as runs
 from components.widgets import keep
 
-from moeviz.charts.lab import lab_load_chart, lab_loss_chart, lab_metric_chart
+from moeviz.charts.lab import (
+    lab_load_chart,
+    lab_load_snapshot_chart,
+    lab_loss_chart,
+    lab_metric_chart,
+    lab_runs_chart,
+)
 from moeviz.errors import InputError
 from moeviz.lab import PRESETS, LabConfig
+from moeviz.lab.curves import CURVE_METRICS, MAX_SMOOTHING, runs_curves, with_smoothed
 from moeviz.samples import DOMAINS
 
 DEFAULTS = LabConfig()
@@ -77,6 +84,11 @@ SIZE_CONTROLS = {
 CAPACITY_ON, CAPACITY = "lab_capacity_on", "lab_capacity_factor"
 DEFAULT_CAPACITY = 1.25
 LOCKED = ("running", "paused", "idle")  # the controls are locked while a run is under way
+SMALL_METRICS = ("load_entropy", "dead_experts_window_sum", "z_loss")  # the row of small curves
+VIEWS = ("This run", "All runs")
+VIEW, SMOOTHING, HIDDEN_RUNS = "lab_view", "lab_smoothing", "lab_hidden_runs"
+SLIDER_WIDTH = 180  # px of the smoothing slider: with the view's buttons and the layer, one row at 1280 px
+SCRUB = "lab_scrub"  # (run name, step) of the load snapshot; absent or another run's: the run's end
 
 
 def _store_key(field: str) -> str:
@@ -247,15 +259,198 @@ def _chart(chart, key: str) -> None:
         st.altair_chart(chart, width="stretch", key=f"{key}_chart")
 
 
+def _smoothing(width: int | str = "stretch") -> float:
+    """TensorBoard's smoothing slider (an EMA weight, 0 = raw curves) → its value."""
+    st.session_state.setdefault(SMOOTHING, 0.0)
+    _kept(
+        SMOOTHING,
+        st.slider,
+        "Smoothing",
+        0.0,
+        MAX_SMOOTHING,
+        step=0.01,
+        help="As TensorBoard smooths: an exponential moving average of each curve (debiased at its start), "
+        "drawn over the faint raw curve; 0 = raw. The CSV of the curves has both.",
+        width=width,
+    )
+    return float(st.session_state[SMOOTHING])
+
+
+def _view_controls(layers: int) -> tuple[str, float, int]:
+    """The view (this run / all runs), the smoothing and, in this run's view of a model of several layers,
+    the layer of the load charts, in one row that wraps (three columns cut the view's buttons at 900 px)
+    → (view, smoothing, layer)."""
+    st.session_state.setdefault(VIEW, VIEWS[0])
+    row = st.container(horizontal=True, gap="medium", vertical_alignment="bottom")
+    with row:
+        _kept(VIEW, st.segmented_control, "View", VIEWS, required=True, label_visibility="collapsed")
+        smoothing = _smoothing(width=SLIDER_WIDTH)
+        layer = 0
+        if layers > 1 and st.session_state[VIEW] == VIEWS[0]:
+            layer = st.selectbox(
+                "Layer",
+                list(range(layers)),
+                format_func=lambda n: f"layer {n}",
+                key="lab_layer",
+                label_visibility="collapsed",
+                width=CONTROL_WIDTH,
+            )
+    return st.session_state[VIEW], smoothing, layer
+
+
+def _scrub(name: str) -> None:
+    """Scrubber callback: keep the step chosen in run `name` (the widget's state is lost on a page switch)."""
+    st.session_state[SCRUB] = (name, int(st.session_state[f"{SCRUB}_widget"]))
+
+
+def _scrubber(name: str, steps: int, done: int) -> int:
+    """The step scrubber of the load snapshot → the step to show. Its range is the run's planned steps, so
+    it keeps its place while the run trains (a range growing with each step would make a new widget every
+    second); it starts at the end, where the snapshot follows the training's latest step."""
+    kept = st.session_state.get(SCRUB)
+    chosen = kept[1] if kept and kept[0] == name else steps
+    if steps > 1:
+        st.session_state[f"{SCRUB}_widget"] = chosen
+        st.slider(
+            "Load snapshot at step",
+            1,
+            steps,
+            step=1,
+            key=f"{SCRUB}_widget",
+            on_change=_scrub,
+            args=(name,),
+            help="Scrub through the training: the bars show each expert's share of the slots at that step "
+            "(the grey rule on the load chart). At a step not reached yet, the latest.",
+        )
+    return min(chosen, done)
+
+
+def this_run(
+    history, load, config: LabConfig, collapse_step: int | None, *, smoothing: float, layer: int, name: str
+) -> None:
+    """The current run's curves: loss and per-expert load, the small indicators, and the load snapshot at
+    the scrubbed step."""
+    shown = with_smoothed(history, ["train_loss", *SMALL_METRICS], smoothing)
+    done = int(history["step"].max()) if len(history) else 0
+    main, small, snapshot_row = st.container(), st.container(), st.container()
+    with snapshot_row:  # drawn below, read first: the load chart marks the snapshot's step
+        scrubber, snapshot = st.columns([1, 2], gap="medium", vertical_alignment="center")
+        with scrubber:
+            step = _scrubber(name, config.steps, done)
+        if step:
+            with snapshot:
+                _chart(lab_load_snapshot_chart(load, layer, step, config.experts), "lab_load_snapshot")
+    left, right = main.columns(2, gap="medium")
+    with left:
+        _chart(lab_loss_chart(shown, steps=config.steps, collapse_step=collapse_step), "lab_loss")
+    with right:
+        chart = lab_load_chart(
+            load,
+            layer,
+            config.experts,
+            steps=config.steps,
+            collapse_step=collapse_step,
+            marked_step=step if 0 < step < done else None,
+        )
+        _chart(chart, "lab_load")
+    even = 1.0 if config.experts > 1 else None  # the normalised load entropy of an even load
+    for column, metric in zip(small.columns(3, gap="medium"), SMALL_METRICS, strict=True):
+        with column:
+            chart = lab_metric_chart(
+                shown,
+                metric,
+                steps=config.steps,
+                collapse_step=collapse_step,
+                reference=even if metric == "load_entropy" else None,
+            )
+            _chart(chart, f"lab_{metric}")
+    st.caption(
+        "**Load entropy**: of each layer's load over its experts, normalised by log E, mean over the layers "
+        "(1 = even, 0 = one expert takes every token). **Dead experts**: experts that got no token in "
+        "the last steps, summed over the layers. **Router z-loss**: mean over tokens of "
+        "(log Σ exp router logits)², mean over the layers: how large the router's logits grow. Red dashes: "
+        "the step where moeviz's collapse verdict (the Load & collapse page's) first tripped."
+    )
+
+
+def _shown_runs(names: list[str]) -> list[str]:
+    """The runs picked for the charts (every run but those the user took out: a new run is shown at once)."""
+    hidden = set(st.session_state.get(HIDDEN_RUNS, ()))
+    st.session_state["lab_shown_runs"] = [name for name in names if name not in hidden]
+
+    def keep_hidden() -> None:
+        st.session_state[HIDDEN_RUNS] = [n for n in names if n not in st.session_state["lab_shown_runs"]]
+
+    return st.multiselect(
+        "Runs on the charts",
+        names,
+        key="lab_shown_runs",
+        on_change=keep_hidden,
+        help="This session's runs (the last ones, at most a few): each new run is added.",
+    )
+
+
+def all_runs(history, smoothing: float) -> None:
+    """The session's runs side by side, as TensorBoard and W&B show them: a table of their settings, each
+    curve of every picked run on one chart (shared axes, a colour per run), and the curves as CSV."""
+    runs_kept = runs.session_runs(history)
+    if not runs_kept:
+        return
+    shown = _shown_runs([kept.name for kept in runs_kept])
+    picked = [kept for kept in runs_kept if kept.name in shown]
+    st.dataframe(runs.runs_table(runs_kept), hide_index=True, key="lab_runs_table")
+    if not picked:
+        st.info("Pick runs to draw their curves.")
+        return
+    curves = runs_curves({kept.name: kept.history for kept in picked}, CURVE_METRICS, smoothing)
+    steps = max(kept.config.steps for kept in picked)
+    order = [kept.name for kept in picked]
+    rows = (("train_loss", "heldout_loss"), ("load_entropy", "dead_experts_window_sum", "z_loss"))
+    for metrics in rows:
+        for column, metric in zip(st.columns(len(metrics), gap="medium"), metrics, strict=True):
+            with column:
+                chart = lab_runs_chart(
+                    curves,
+                    metric,
+                    runs=order,
+                    steps=steps,
+                    smoothed=bool(smoothing),
+                    reference=1.0 if metric == "load_entropy" else None,
+                )
+                _chart(chart, f"lab_runs_{metric}")
+    row = st.container(horizontal=True, gap="small")
+    row.download_button(
+        "Curves (.csv)",
+        exports.csv_bytes(curves),
+        "moeviz-lab-curves.csv",
+        "text/csv",
+        icon=":material/download:",
+        on_click="ignore",
+        key="lab_runs_csv",
+        help="One row per run, curve and step: run, metric, step, value, smoothed (the smoothing set here).",
+    )
+    row.button(
+        "Forget earlier runs",
+        key="lab_forget_runs",
+        icon=":material/delete_sweep:",
+        on_click=runs.forget_kept_runs,
+        disabled=not st.session_state.get(runs.KEPT_RUNS),
+        help="Drop the kept runs from this view (the current run stays).",
+    )
+
+
 def live() -> None:
     """The run's progress and curves (a fragment: only this part reruns while the model trains)."""
     runner = runs.runner()
     if runner is None:
         st.info("Pick a preset or set the controls, then press **Start**.", icon=":material/science:")
+        if runs.session_runs():  # earlier runs of this session, after a Reset
+            all_runs(None, _smoothing())
         return
     state = runner.state
     history, load = runner.snapshot()
     config = runner.config
+    name = runs.name_of(runner)
     collapse_step = None if runner.run is None else runner.run.collapse_step
     done = int(history["step"].max()) if len(history) else 0
     words = {
@@ -270,16 +465,6 @@ def live() -> None:
     )
     if state == "error":
         st.error(f"The training stopped with an error: {runner.error}")
-    status, picker = st.columns([3, 1], vertical_alignment="center")
-    layer = 0
-    if config.layers > 1:
-        layer = picker.selectbox(
-            "Layer",
-            list(range(config.layers)),
-            format_func=lambda n: f"layer {n}",
-            key="lab_layer",
-            label_visibility="collapsed",
-        )
     if len(history):
         last = history.iloc[-1]
         heldout = history["heldout_loss"].dropna()
@@ -288,39 +473,16 @@ def live() -> None:
             if collapse_step is not None
             else ":green[**not collapsed**]" + (" so far" if state in runs.ACTIVE else "")
         )
-        status.markdown(
-            f"{config.label()} · train loss **{last['train_loss']:.3f}**"
+        st.markdown(
+            f"**{name}** · {config.label()} · train loss **{last['train_loss']:.3f}**"
             + (f" · held-out **{heldout.iloc[-1]:.3f}**" if len(heldout) else "")
             + f" · {verdict}"
         )
-    left, right = st.columns(2, gap="medium")
-    with left:
-        _chart(lab_loss_chart(history, steps=config.steps, collapse_step=collapse_step), "lab_loss")
-    with right:
-        _chart(
-            lab_load_chart(load, layer, config.experts, steps=config.steps, collapse_step=collapse_step),
-            "lab_load",
-        )
-    even = 1.0 if config.experts > 1 else None  # the normalised load entropy of an even load
-    for column, metric in zip(
-        st.columns(3, gap="medium"), ("load_entropy", "dead_experts_window_sum", "z_loss"), strict=True
-    ):
-        with column:
-            chart = lab_metric_chart(
-                history,
-                metric,
-                steps=config.steps,
-                collapse_step=collapse_step,
-                reference=even if metric == "load_entropy" else None,
-            )
-            _chart(chart, f"lab_{metric}")
-    st.caption(
-        "**Load entropy**: of each layer's load over its experts, normalised by log E, mean over the layers "
-        "(1 = even, 0 = one expert takes every token). **Dead experts**: experts that got no token in "
-        "the last steps, summed over the layers. **Router z-loss**: mean over tokens of "
-        "(log Σ exp router logits)², mean over the layers: how large the router's logits grow. Red dashes: "
-        "the step where moeviz's collapse verdict (the Load & collapse page's) first tripped."
-    )
+    view, smoothing, layer = _view_controls(config.layers)
+    if view == VIEWS[0]:
+        this_run(history, load, config, collapse_step, smoothing=smoothing, layer=layer, name=name)
+    else:
+        all_runs(history, smoothing)
     if state != st.session_state.get("lab_drawn_state"):
         st.session_state["lab_drawn_state"] = state
         if state not in ("running", "idle", "paused"):
@@ -355,7 +517,9 @@ def finished(state: str | None) -> None:
         help="The trained model as a Hugging Face folder, zipped: `moeviz.load_model` opens it unzipped.",
     )
     if opened is not None:
-        st.success(f"In the model picker of every page as **lab: {opened}** (this session only).")
+        st.success(
+            f"In the model picker of every page as **lab: {opened}** ({config.label()}; this session only)."
+        )
         links = st.columns(3)
         links[0].page_link("pages/routing.py", label="Routing", icon=":material/alt_route:")
         links[1].page_link("pages/load.py", label="Load & collapse", icon=":material/balance:")

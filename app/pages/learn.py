@@ -1,8 +1,6 @@
 """Learn: a guided lesson in short steps, one screen each, on the bundled samples. Every number is measured
 on one fixed text (`components.learn.LESSON_TEXT`) routed through the sample models."""
 
-from dataclasses import replace
-
 import pandas as pd
 import streamlit as st
 from components import caches, exports
@@ -10,13 +8,27 @@ from components import learn as lesson_ui
 from components.widgets import kept
 
 from moeviz.analysis import balance_stats, expert_balance_frame
-from moeviz.analysis.balance import balance_from_counts
 from moeviz.analysis.lesson import (
+    aux_notice,
+    bias_contrast_layer,
+    bias_effect,
+    bias_layers,
+    bias_notice,
+    collapse_contrast_layer,
+    collapse_layers,
+    collapse_notice,
     expert_parameters,
     expert_token_share,
+    largest_aux_layer,
+    load_notice,
+    most_uneven_layer,
+    router_notice,
     router_walkthrough,
     shared_fraction,
+    shared_notice,
+    sweep_notice,
     token_weights_frame,
+    top_k_notice,
 )
 from moeviz.analysis.losses import bias_stats
 from moeviz.analysis.reroute import RerouteSettings, aux_terms, reroute
@@ -51,9 +63,12 @@ def beside():
     return st.columns([3, 1], vertical_alignment="center", gap="medium")
 
 
-def pick_layer(trace, store_key: str, where) -> tuple[str, int]:
-    """A layer slider of its own per step (kept across page switches), drawn in `where` → (site, layer)."""
+def pick_layer(trace, store_key: str, where, default: tuple[str, int] | None = None) -> tuple[str, int]:
+    """A layer slider of its own per step (kept across page switches), drawn in `where` → (site, layer);
+    it opens on `default` (the layer where the step's point shows most), the first layer without one."""
     layers = {str(layer): (site, layer) for site, layer in trace.layer_keys}
+    if default is not None:
+        st.session_state.setdefault(store_key, str(default[1]))
     with where:
         return layers[kept(store_key, list(layers), st.select_slider, "MoE layer", list(layers))]
 
@@ -70,13 +85,7 @@ def router_step() -> None:
     row = lesson_ui.layer_row(trace, site, layer, *options[label])
     walk = router_walkthrough(routing, row)
     chosen = walk[walk["chosen"]].sort_values("rank")
-    picks = ", ".join(
-        f"expert {int(r.expert)}: p = {r.score:.3f} → w = {r.weight:.3f}" for r in chosen.itertuples()
-    )
-    notice(
-        f"only the top {routing.k} of {routing.num_experts} scores survive, and they are rescaled to sum "
-        f"to 1 ({picks}). The other experts never see this token."
-    )
+    notice(router_notice(walk, routing.num_experts))
     exports.show_chart(
         router_walkthrough_chart(
             walk, k=routing.k, score_fn=routing.score_fn, title=f"Token {label} at MoE layer {layer}"
@@ -113,14 +122,7 @@ def top_k_step() -> None:
         )
     rerouted = reroute(routing, RerouteSettings(k=k, score_fn=routing.score_fn))
     stats = balance_stats(rerouted.as_layer_routing())
-    first = float(rerouted.weights[:, 0].mean())
-    notice(
-        f"with top-{k} each token runs {k} expert FFN{'s' if k > 1 else ''}; its 1st expert carries "
-        f"{first:.0%} of the output on average"
-        + (" (all of it)." if k == 1 else f" and the 2nd the other {1 - first:.0%}.")
-        + f" The busiest expert takes {stats.max_share:.1%} of the {k * stats.tokens} slots (fair: "
-        f"{1 / routing.num_experts:.1%})."
-    )
+    notice(top_k_notice(rerouted.weights, stats.max_share, stats.tokens, routing.num_experts))
     left, right = st.columns([3, 2])
     with left:
         frame = token_weights_frame(trace.tokens, routing, rerouted.experts, rerouted.weights, WEIGHT_TOKENS)
@@ -142,16 +144,11 @@ def top_k_step() -> None:
 def load_step() -> None:
     control = lesson_ui.step_heading("3 · Expert load and the fair share")
     trace = trace_of(lesson_ui.HEALTHY)
-    site, layer = pick_layer(trace, "learn_load_layer", control)
+    site, layer = pick_layer(trace, "learn_load_layer", control, most_uneven_layer(trace))
     rows = expert_balance_frame(trace)
     load = rows[(rows["site"] == site) & (rows["layer"] == layer)]
-    busiest, quietest = load.loc[load["share"].idxmax()], load.loc[load["share"].idxmin()]
     fair = 1 / len(load)
-    notice(
-        f"if routing were even every expert would get 1/E = {fair:.1%} of the slots; at layer {layer} expert "
-        f"{int(busiest.expert)} gets {busiest.share:.1%} ({busiest.utilisation:.2f}× its share) and expert "
-        f"{int(quietest.expert)} {quietest.share:.1%}."
-    )
+    notice(load_notice(load, layer))
     stats = balance_stats(trace.layer(layer, site))
     chart, metrics = beside()
     with chart:
@@ -179,18 +176,12 @@ def load_step() -> None:
 def aux_loss_step() -> None:
     control = lesson_ui.step_heading("4 · The auxiliary balancing loss")
     trace = trace_of(lesson_ui.HEALTHY)
-    site, layer = pick_layer(trace, "learn_aux_layer", control)
+    site, layer = pick_layer(trace, "learn_aux_layer", control, largest_aux_layer(trace))
     routing = trace.layer(layer, site)
     terms = aux_terms(routing)
     loss = float(terms["term"].sum())
-    k, e = routing.k, routing.num_experts
-    top = terms.loc[terms["term"].idxmax()]
-    notice(
-        f"L = E·Σ f·P reads k = {k} when the load is even and grows when the busy experts also get the "
-        f"probability; at layer {layer} it is {loss:.4f}, {loss / k:.3f}× that. Expert {int(top.expert)} "
-        f"adds the most, {e}·{top.f:.3f}·{top.P:.3f} = {top.term:.3f}: it gets many tokens (f) and much "
-        "probability (P)."
-    )
+    k = routing.k
+    notice(aux_notice(terms, k, layer))
     chart, metrics = beside()
     with chart:
         exports.show_chart(
@@ -217,18 +208,17 @@ def aux_loss_step() -> None:
 def collapse_step() -> None:
     control = lesson_ui.step_heading("5 · Collapse")
     traces = {name: trace_of(source) for name, source in lesson_ui.COLLAPSE_SAMPLES.items()}
-    site, layer = pick_layer(traces["healthy"], "learn_collapse_layer", control)
+    contrast = collapse_layers(traces)  # per layer and model: busiest, entropy, dead
+    site, layer = pick_layer(
+        traces["healthy"], "learn_collapse_layer", control, collapse_contrast_layer(contrast)
+    )
     parts, stats = [], {}
     for name, trace in traces.items():
         rows = expert_balance_frame(trace)
         parts.append(rows[(rows["site"] == site) & (rows["layer"] == layer)].assign(model=name))
         stats[name] = balance_stats(trace.layer(layer, site))
     load = pd.concat(parts, ignore_index=True)
-    notice(
-        f"same text, same architecture, three trainings: at layer {layer} the busiest expert takes "
-        + ", ".join(f"{s.max_share:.0%} ({name})" for name, s in stats.items())
-        + f" of the slots, against a fair {1 / len(stats['healthy'].counts):.1%}."
-    )
+    notice(collapse_notice(contrast, site, layer, len(stats["healthy"].counts)))
     exports.show_chart(
         load_side_by_side_chart(load, title=f"Load per expert, MoE layer {layer}"), "learn_collapse"
     )
@@ -251,19 +241,14 @@ def collapse_step() -> None:
 def bias_step() -> None:
     control = lesson_ui.step_heading("6 · Balancing with a bias")
     trace = trace_of(lesson_ui.BIASED)
-    site, layer = pick_layer(trace, "learn_bias_layer", control)
+    default = bias_contrast_layer(bias_layers(trace))  # where the bias evens the load most
+    site, layer = pick_layer(trace, "learn_bias_layer", control, default)
     routing = trace.layer(layer, site)
     # the same router (its group limit and weight rule) with the bias set to 0
-    without = reroute(routing, replace(RerouteSettings.captured(routing), bias=None))
+    without, with_bias, no_bias = bias_effect(routing)
     changed = without.changed_tokens
     n, e, k = len(routing.token_rows), routing.num_experts, routing.k
-    with_bias = balance_from_counts(without.captured_load, n, k)
-    no_bias = balance_from_counts(without.load, n, k)
-    notice(
-        f"the bias only moves the choice, not the weights: without it {changed} of {n} tokens "
-        f"({changed / n:.0%}) would go to other experts, and the busiest expert would take "
-        f"{no_bias.max_share:.1%} of the slots instead of {with_bias.max_share:.1%}."
-    )
+    notice(bias_notice(changed, with_bias, no_bias))
     fair = n * k / e
     load = pd.concat(
         [
@@ -303,12 +288,7 @@ def shared_step() -> None:
     params = expert_parameters(model, layer)
     k, e, s = routing.k, routing.num_experts, routing.shared_experts
     fraction = shared_fraction(params, k, e)
-    routed = shares[shares["kind"] == "routed"]["share"]
-    notice(
-        f"the shared expert sees every token (100%), each routed expert "
-        f"{routed.min():.0%}–{routed.max():.0%} of them; the shared expert holds {fraction:.0%} of the "
-        "expert weights a token runs through."
-    )
+    notice(shared_notice(shares, fraction))
     chart, metrics = beside()
     with chart:
         exports.show_chart(
@@ -373,13 +353,7 @@ def deployment_step() -> None:
 def sweep_step() -> None:
     st.subheader("9 · How many experts?")
     sweep = lesson_ui.experts_sweep()
-    means = sweep.groupby(["experts", "k"], as_index=False)["heldout_loss"].mean()  # over seeds
-    best = means.loc[means["heldout_loss"].idxmin()]
-    notice(
-        f"more experts help less and less: the lowest held-out loss, {best.heldout_loss:.3f}, is at "
-        f"{int(best.experts)} experts with k = {int(best.k)}; compare the step from 1 to 8 with the steps "
-        "beyond."
-    )
+    notice(sweep_notice(sweep))
     exports.show_chart(experts_sweep_chart(sweep), "learn_sweep")
     st.caption(
         "docs/experts-sweep.csv: small MoE models trained on the sample corpus with the same tokens and "

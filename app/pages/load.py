@@ -16,7 +16,14 @@ from moeviz.analysis import (
     loss_frame,
 )
 from moeviz.analysis.balance import load_balance_frame, load_expert_balance_frame
-from moeviz.analysis.collapse import NOT_ENOUGH_TOKENS, STATUS_JUDGED, STATUS_TOO_FEW, load_collapse_report
+from moeviz.analysis.collapse import (
+    NOT_ENOUGH_TOKENS,
+    STATUS_JUDGED,
+    STATUS_TOO_FEW,
+    load_collapse_report,
+    note_kind,
+    summarise_report,
+)
 from moeviz.charts import (
     aux_loss_chart,
     balance_chart,
@@ -42,6 +49,25 @@ INDICATORS = {
     "dead_fraction": "Share of experts that received no token (0 when every expert is used).",
     "dropped_fraction": "Share of the kT slots dropped by expert capacity (0 without a capacity).",
 }
+
+FEW_FLAGGED = 6  # layers with reasons listed open; more start folded under the summary
+
+
+def layer_bullets(layers) -> str:
+    """One bullet per layer (its verdict), its reasons then its notes as bullets under it, in full."""
+    return "".join(
+        f"- **{lv.label.capitalize()}** — {lv.verdict!s}\n"
+        + "".join(f"  - {reason}\n" for reason in lv.reasons)
+        + "".join(f"  - *note:* {note}\n" for note in lv.notes)
+        for lv in layers
+    )
+
+
+def notes_of(layers) -> str:
+    """The layers' notes counted by kind, e.g. "47 not significant, 11 not enough tokens to judge"."""
+    kinds = [note_kind(note) for lv in layers for note in dict.fromkeys(lv.notes)]
+    counts = {kind: kinds.count(kind) for kind in dict.fromkeys(kinds)}
+    return ", ".join(f"{n} {kind}" for kind, n in counts.items())
 
 
 st.title("Load and collapse")
@@ -180,18 +206,27 @@ st.dataframe(
         },
     },
 )
-explained = [
-    f"- **{lv.label.capitalize()}** — {lv.verdict!s}\n"
-    + "".join(f"  - {reason}\n" for reason in lv.reasons)
-    + "".join(f"  - *note:* {note}\n" for note in lv.notes)
-    for lv in report.layers
-    if lv.reasons or lv.notes
-]
+summary = summarise_report(report)
+# Counted first, the sentences folded below: at 58 layers the notes alone ran to ~230 bullets, most of them
+# "not significant". The layers with reasons open by themselves while they are few.
+with st.container(key="verdict_summary"):
+    st.markdown(f"{summary.headline()} {summary.notes_line()}".strip())
+quiet = [lv for lv in report.layers if lv.notes and not lv.findings]
 with st.container(key="verdict_reasons"):
-    if explained:
-        st.markdown("**Why** — each layer's reasons, then its notes (not significant, or only a sign):")
-        st.markdown("".join(explained))
-    else:
+    if summary.flagged:
+        worst = ", ".join(
+            f"{n} {name}" for name, n in reversed(summary.by_verdict.items()) if n and name != "healthy"
+        )
+        with st.expander(
+            f"Reasons: {len(summary.flagged)} of {summary.layers} layers ({worst})",
+            expanded=len(summary.flagged) <= FEW_FLAGGED,
+        ):
+            st.markdown(layer_bullets(summary.flagged))
+    if quiet:
+        other = "the other " if summary.flagged else ""
+        with st.expander(f"Notes on {other}{len(quiet)} layers ({notes_of(quiet)})"):
+            st.markdown(layer_bullets(quiet))
+    if not summary.flagged and not quiet:
         st.markdown("No layer has a reason or a note.")
 exports.table_downloads(verdicts, "collapse_verdicts")
 rule = docs.verdict_rule()

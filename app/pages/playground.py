@@ -2,6 +2,8 @@
 capacity, balancing bias, score function) and see the dispatch, load and aux loss change at once; then
 re-run the model with that routing forced. Every number comes from `moeviz.analysis.reroute`."""
 
+import re
+
 import pandas as pd
 import streamlit as st
 from components import caches, expert_axis, exports, page_input, pickers, prompt
@@ -21,6 +23,7 @@ MAX_TOKENS = 200  # tokens of the dispatch heatmap
 MAX_RERUN_TOKENS = 2048  # longer prompts: the re-run would hold the server
 BIAS_COLUMNS = 8  # bias inputs per row
 SCORE_FUNCTIONS = ["softmax", "sigmoid"]
+BIAS_WIDGET_KEY = re.compile(r"pg_bias_(\d+|table_\d+)")  # an input per expert, or the table at scale
 
 st.title("Routing playground")
 source = pickers.model_picker()
@@ -37,7 +40,7 @@ AT_SCALE = at_scale(experts_n)  # over 20 experts: a bias table instead of an in
 def _defaults() -> dict:
     """The controls' values that reproduce the captured routing."""
     bias = [0.0] * experts_n if captured.bias is None else [float(b) for b in captured.bias]
-    return {
+    values = {
         "pg_k": captured.k,
         "pg_temperature": 1.0,
         "pg_score_fn": captured.score_fn,
@@ -45,10 +48,14 @@ def _defaults() -> dict:
         "pg_cf": 1.25,
         "pg_renormalise": captured.renormalise,
         "pg_groups": True,
-        **{f"pg_bias_{e}": b for e, b in enumerate(bias)},
-        # at scale the bias table is redrawn from these values under a new key (a fresh, unedited table)
+        # a plain value, never a widget's: the bias table starts from it, whatever the page before drew
+        "pg_start_bias": bias,
+        # at scale the bias table is redrawn from those values under a new key (a fresh, unedited table)
         "pg_bias_version": st.session_state.get("pg_bias_version", 0) + 1,
     }
+    if not AT_SCALE:  # one input per expert, each starting from its captured bias
+        values.update({f"pg_bias_{e}": b for e, b in enumerate(bias)})
+    return values
 
 
 def _reset(values: dict) -> None:
@@ -56,10 +63,32 @@ def _reset(values: dict) -> None:
         st.session_state[key] = value
 
 
-marker = (source, text, site, layer)
-if st.session_state.get("pg_for") != marker or "pg_k" not in st.session_state:
-    _reset(_defaults())  # a new layer or prompt (or the page reopened): start from the captured routing
-    st.session_state["pg_for"] = marker
+def _forget_bias_widgets() -> None:
+    """Drop the bias widgets' values left by the page before (another model, layer or prompt): at 256 experts
+    the 8-expert page's inputs are not drawn, and Streamlit would drop their values as stale widget state
+    half-way through the next runs (a KeyError then); each page draws its own from "pg_start_bias"."""
+    for key in [key for key in st.session_state if BIAS_WIDGET_KEY.fullmatch(str(key))]:
+        del st.session_state[key]
+
+
+def _start(values: dict) -> None:
+    """Start from the captured routing on a new model, layer or prompt; on the same one, give any control
+    whose value Streamlit dropped (a widget the last run did not draw) its captured value, keep the rest."""
+    marker = (source, text, site, layer)
+    if st.session_state.get("pg_for") != marker:
+        _forget_bias_widgets()
+        _reset(values)
+        st.session_state["pg_for"] = marker
+    for key, value in values.items():
+        st.session_state.setdefault(key, value)
+
+
+def teaching_point(question: str, answer: str) -> None:
+    """A paradox the numbers beside it show, explained where it happens (drawn only when they show it)."""
+    st.info(f"**{question}** {answer}", icon=":material/lightbulb:")
+
+
+_start(_defaults())
 
 what = f"{captured.score_fn} → top-{captured.k}"
 if captured.bias is not None:
@@ -145,7 +174,7 @@ def _bias_table() -> list[float]:
     start = pd.DataFrame(
         {
             "expert": range(experts_n),
-            "bias": [float(st.session_state[f"pg_bias_{e}"]) for e in range(experts_n)],
+            "bias": [float(b) for b in st.session_state["pg_start_bias"]],
         }
     )
     edited = st.data_editor(
@@ -209,6 +238,25 @@ metrics.metric(
     width="content",
 )
 
+
+if rerouted.drops_lower_aux_loss:
+    teaching_point(
+        "Why is the aux loss below its balanced value?",
+        f"{rerouted.aux_loss_dispatched:.4f} < k = {k}, the value under even load: that is the drops. The "
+        f"capacity dropped {rerouted.dropped_slots} slots and f_e counts only the dispatched ones, so "
+        f"Σ_e f_e = k − dropped/T = {rerouted.dispatched_per_token:.4f}, not {k}. Drops lower the loss, "
+        "balanced or not: read it beside the dropped slots.",
+    )
+if rerouted.temperature_keeps_choice:
+    teaching_point(
+        f"Why does temperature {temperature:g} move no token?",
+        f"Dividing the logits by τ > 0 keeps their order, and {score_fn} grows with the logit, so every "
+        f"token keeps its top-{k}. Only the scores change, and with them the weights and P: the aux loss "
+        f"is {rerouted.aux_loss_dispatched:.4f} "
+        f"(at τ = 1: {rerouted.at_temperature_one.aux_loss_dispatched:.4f}). "
+        "A balancing bias added to the scores, a group limit or a capacity can make it change the choice.",
+    )
+
 captured_rows, rerouted_rows = rerouted.load_rows(captured=True), rerouted.load_rows()
 # the experts the per-expert views list (over 20: the top-N by the captured load, and the chosen one)
 axis = expert_axis.expert_axis(captured_rows)
@@ -224,6 +272,18 @@ st.caption(
     if axis.at_scale
     else "Tokens dispatched to each expert; dashed line = the fair share kT/E; grey = dropped by capacity."
 )
+
+if rerouted.bias_lowers_aux_loss_not_load:
+    teaching_point(
+        "Why does the aux loss fall while the load gets worse?",
+        f"{rerouted.aux_loss_dispatched:.4f} against the captured "
+        f"{rerouted.captured_aux_loss_dispatched:.4f}, "
+        f"yet the busiest expert now takes {int(rerouted.load.max())} slots (captured "
+        f"{int(rerouted.captured_load.max())}, fair share kT/E = {k * n_tokens / experts_n:.4g}). The bias "
+        "only picks the experts: it moves f_e, but P_e, the mean router probability, comes from the scores "
+        "without it. Sending tokens to experts of small P lowers E·Σ f_e·P_e however uneven f gets, so this "
+        "loss cannot see a bias's imbalance (DeepSeek-V3 steers its bias by the load itself, not by a loss).",
+    )
 
 st.subheader("New dispatch per token")
 heatmap = router_score_heatmap(

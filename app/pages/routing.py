@@ -80,9 +80,10 @@ def layer_views() -> None:
     the shown experts with its drill-down, expert load."""
     site, layer = pickers.pick_layer(trace)
     st.caption(layer_line(layer, frames.layer_balance(site, layer)))
-    axis = expert_axis.expert_axis(
-        frames.layer_load(site, layer), lambda: coactivation_pair_counts(trace, layer, site)
-    )
+    load = frames.layer_load(site, layer)
+    # the layer's busiest expert, unless one was chosen by hand on this model (a kept id may be dead here)
+    pickers.default_expert(pickers.input_model(chosen), pickers.busiest_expert(load))
+    axis = expert_axis.expert_axis(load, lambda: coactivation_pair_counts(trace, layer, site))
     scores = frames.layer_scores(site, layer, axis.shown)
     # Overview and strip sit above the heatmap but are drawn after it: the heatmap, what a layer switch is
     # for, reaches the browser first.

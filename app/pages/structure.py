@@ -17,6 +17,7 @@ from moeviz.analysis import (
     repetition_frame,
     transition_frame,
 )
+from moeviz.analysis.structure import default_path_length, path_layer_ids, path_window
 from moeviz.charts import coactivation_heatmap, path_chart, repetition_chart, transition_heatmaps
 
 st.title("Structure")
@@ -31,11 +32,11 @@ page_input.not_shown(
     trace, top1="rank-adjacent co-activation, top-1 transitions, top-1 paths and top-1 repetition"
 )
 site, layer = pickers.pick_layer(trace)
+layer_load = expert_balance_frame(layer_trace(trace, layer, site))
+# the layer's busiest expert, unless one was chosen by hand on this model (a kept id may be dead here)
+pickers.default_expert(pickers.input_model(chosen), pickers.busiest_expert(layer_load))
 # The chosen layer's experts: all of them by id, or over 20 the top-N by load in the order chosen.
-axis = expert_axis.expert_axis(
-    expert_balance_frame(layer_trace(trace, layer, site)),
-    lambda: coactivation_pair_counts(trace, layer, site),
-)
+axis = expert_axis.expert_axis(layer_load, lambda: coactivation_pair_counts(trace, layer, site))
 
 st.subheader("Co-activation")
 adjacent = RANKED and st.toggle(
@@ -101,11 +102,26 @@ else:
     )
     exports.table_downloads(transitions, "transitions")
 
-if RANKED:  # a path of top-1 experts
-    paths = path_frame(trace, top_n=15)
-    exports.show_chart(path_chart(paths[paths["site"] == site]), "paths")
+if RANKED:  # a path of top-1 experts, over a window of consecutive layers from the chosen one
+    chain = path_layer_ids(trace, site)
+    hops = default_path_length(len(chain), trace.layer(layer, site).num_experts)
+    if len(chain) > 1:  # (a slider needs two values)
+        hops = st.slider(
+            "Layers in a path",
+            1,
+            len(chain),
+            hops,
+            key="path_layers",
+            help="Paths over this many consecutive MoE layers, from the layer chosen above: over many layers "
+            "and experts nearly every path is unique.",
+        )
+    window = path_window(chain, layer, hops)
+    paths = path_frame(trace, top_n=15, layers=window, site=site)
+    span = f"layer {window[0]}" if len(window) == 1 else f"layers {window[0]}–{window[-1]}"
+    exports.show_chart(path_chart(paths, title=f"Most frequent expert paths, {span}"), "paths")
     st.caption(
-        "Top-1 expert of each MoE layer in order, e.g. 3→1→7; share = of tokens routed by all these layers."
+        f"Top-1 expert of each MoE layer in order ({span}), e.g. 3→1→7; share = of tokens routed by all "
+        "these layers."
     )
     exports.table_downloads(paths.astype({"path": str, "layers": str}), "paths")
 

@@ -29,8 +29,10 @@ if len(tokens) > MAX_TOKENS:
     )
     st.stop()
 options = token_options(tokens)  # the Routing page's labels: a token picked there stays picked here
-# Explaining the first token explains nothing (it sees only itself): default to the last one.
-st.session_state.setdefault("token", list(options)[-1])
+# Explaining the first token explains nothing (it sees only itself): open on the last one unless a token
+# was picked (here, on the Routing page, or by its link), also after a new prompt or another page's start.
+if pickers.WHY_OPEN not in st.session_state:
+    pickers.default_token(list(options), list(options)[-1])
 _, pos = pickers.pick_token(options, None)
 site, layer = pickers.pick_layer(trace)
 routing = trace.layer(layer, site)
@@ -38,13 +40,17 @@ row = int(tokens.index[tokens["pos"] == pos][0])
 layer_row = list(routing.token_rows).index(row)
 chosen = [int(e) for e in routing.experts[layer_row] if e >= 0]
 opened = st.session_state.pop(pickers.WHY_OPEN, None)  # reached from the Routing page's link
+top = pickers.top_choice(routing, layer_row)
 if opened == (0, pos):  # open on the clicked cell's expert if dispatched here, else the token's top-1
     start_expert, note = pickers.why_expert(routing, layer_row, opened)
     if start_expert is not None:
-        st.session_state["expert"] = start_expert
+        pickers.set_expert(source, start_expert, as_default=start_expert == top)
         st.session_state["why_opened_note"] = (pos, site, layer, start_expert, note)
 note = st.session_state.get("why_opened_note")
 layer_load = expert_balance_frame(layer_trace(trace, layer, site))
+# Unless chosen by hand on this model: the token's top choice (an expert kept from another page, prompt or
+# model may be dead here); a token whose slots were all dropped: the layer's busiest.
+pickers.default_expert(source, top if top is not None else pickers.busiest_expert(layer_load))
 expert = expert_axis.pick_expert(layer_load, label=f"Expert (dispatched here: {chosen})")
 if note is not None and note[:4] == (pos, site, layer, expert):  # until the token, layer or expert changes
     st.caption(note[4])

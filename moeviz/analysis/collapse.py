@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from moeviz.trace import ExpertLoad
 
 NOT_ENOUGH_TOKENS = "not enough tokens to judge"  # the note (and status) of a layer too short to judge
+# Routers whose scores are a softmax over the logits: the z-loss (the size of the softmax's log-partition) is
+# theirs; sigmoid routers score each expert on its own and are not trained with one.
+Z_LOSS_SCORE_FNS = ("softmax",)
 LOAD_INDICATORS = 3  # dead fraction, max share, load entropy: the load tests per layer (Bonferroni)
 
 # LayerVerdict.status
@@ -106,10 +109,17 @@ class CollapseThresholds:
       for E = 8, 0.85 ≈ 5.9 and 0.6 ≈ 3.5 of 8 experts used; for E = 64, ≈ 34 and ≈ 12.
     Router rules (always judged), warning only — they precede collapse rather than constitute it:
     - bias std > 1 or max |bias| > 5: Megatron-Core's flags for a balancing bias that is fighting the router.
-    - z-loss > 100, i.e. RMS log-partition > 10: at |logit| ≈ 8–16 bf16 resolves steps of 1/16, enough to
-      move near-tied probabilities by ~6% and flip top-k decisions (the instability ST-MoE's z-loss targets).
-      Uniform zero logits give (log E)², 4.3 for E = 8 and 31 for E = 256; the trained samples measure
-      6–33 on their evaluation slices (mixtral-healthy 9–13, mixtral-collapsed up to 33).
+    - softmax routers only: RMS log-partition above log E by more than `warning_logit_excess` = 8 nats,
+      i.e. z-loss > (log E + 8)² (`z_loss_threshold`: 101.6 for E = 8, 183.5 for E = 256). The log-partition
+      of E logits grows with log E by itself — uniform zero logits give exactly log E, so z-loss (log E)²,
+      4.3 for E = 8 and 31 for E = 256 — so the rule judges the excess over log E, which is ≤ the largest
+      logit (logsumexp ≤ max logit + log E): an excess over 8 puts the top logits at |logit| > 8, where bf16
+      resolves steps of 1/16, enough to move near-tied probabilities by ~6% and flip top-k decisions (the
+      instability ST-MoE's z-loss targets). For E = 8 this is the former fixed rule z-loss > 100. The
+      trained samples measure an excess of 1–4 on their evaluation slices (z-loss 9–13 on mixtral-healthy,
+      up to 33 on mixtral-collapsed). Sigmoid (and other per-expert) routers, e.g. DeepSeek-V3's, have no
+      partition function and are not trained with a z-loss: the rule is not applied to them (their z-loss
+      is still reported).
     Notes (no verdict): more than `note_dropped_fraction` of the slots dropped by capacity — the load rules
     then see the load after dropping, which capacity has already flattened.
     """
@@ -122,11 +132,16 @@ class CollapseThresholds:
     collapsed_load_entropy: float = 0.6
     warning_bias_std: float = BIAS_STD_FLAG
     warning_bias_abs: float = BIAS_ABS_FLAG
-    warning_z_loss: float = 100.0
+    warning_logit_excess: float = 8.0
     min_slots_per_expert: float = 5.0
     note_dropped_fraction: float = 0.1
     alpha: float = 0.01
     token_correlation: float = 0.25
+
+    def z_loss_threshold(self, num_experts: int) -> float:
+        """The z-loss above which a softmax router of `num_experts` experts is warned about:
+        (log E + warning_logit_excess)², an RMS log-partition that many nats above uniform logits'."""
+        return (math.log(max(num_experts, 1)) + self.warning_logit_excess) ** 2
 
 
 @dataclass(frozen=True)
@@ -245,6 +260,7 @@ def judge_layer(
     *,
     layers: int = 1,
     sequence_lengths: Sequence[int] | None = None,
+    score_fn: str | None = None,
 ) -> LayerVerdict:
     """Apply the thresholds to precomputed statistics of one layer (pure; `layer_verdict` computes them).
 
@@ -252,7 +268,8 @@ def judge_layer(
     alpha / (3 · layers), so that uniform routing raises a false alarm anywhere in the model with
     probability ≤ alpha. `sequence_lengths` = tokens of each sequence the layer routed: the load is compared
     with uniform routing of their effective sample size (CollapseThresholds.token_correlation); None treats
-    the tokens as independent.
+    the tokens as independent. `score_fn`: the router's score function (`LayerRouting.score_fn`); the
+    z-loss rule applies to Z_LOSS_SCORE_FNS only (None, unknown: applied).
     """
     t = thresholds or CollapseThresholds()
     findings: list[Finding] = []
@@ -294,7 +311,8 @@ def judge_layer(
         notes.append(
             f"{balance.dropped_fraction:.0%} of slots dropped by capacity: the load shown is after dropping"
         )
-    findings += _router_findings(z, bias, t)
+    softmax = score_fn is None or score_fn in Z_LOSS_SCORE_FNS
+    findings += _router_findings(z if softmax else float("nan"), bias, t, e)
     verdict = max((f.level for f in findings), default=Verdict.HEALTHY)
     return LayerVerdict(layer, site, verdict, tuple(findings), tuple(notes), balance, z, bias, load_test)
 
@@ -345,7 +363,11 @@ def _load_findings(
     return findings, quiet, (p_dead, p_max, p_ent)
 
 
-def _router_findings(z: float, bias: BiasStats | None, t: CollapseThresholds) -> list[Finding]:
+def _router_findings(
+    z: float, bias: BiasStats | None, t: CollapseThresholds, num_experts: int
+) -> list[Finding]:
+    """The router rules: the balancing bias's spread, and the z-loss against `t.z_loss_threshold(E)` (NaN:
+    not judged — no tokens, no logits, or not a softmax router)."""
     findings = []
     if bias is not None:
         if bias.std > t.warning_bias_std:
@@ -354,12 +376,14 @@ def _router_findings(z: float, bias: BiasStats | None, t: CollapseThresholds) ->
         if bias.max_abs > t.warning_bias_abs:
             text = f"balancing bias |b| up to {bias.max_abs:.2f} > {t.warning_bias_abs:g}"
             findings.append(Finding(Verdict.WARNING, text))
-    if z > t.warning_z_loss:  # NaN (no tokens) compares False
+    limit = t.z_loss_threshold(num_experts)
+    if z > limit:  # NaN compares False
+        rms, uniform = math.sqrt(z), math.log(max(num_experts, 1))
         findings.append(
             Finding(
                 Verdict.WARNING,
-                f"router z-loss {z:.1f} > {t.warning_z_loss:g} "
-                f"(RMS logsumexp {math.sqrt(z):.1f}: large logits)",
+                f"router z-loss {z:.1f} > {limit:.1f} (RMS logsumexp {rms:.1f} = log E + {rms - uniform:.1f} "
+                f"> log E + {t.warning_logit_excess:g}: large logits)",
             )
         )
     return findings
@@ -385,6 +409,7 @@ def layer_verdict(
         thresholds,
         layers=layers,
         sequence_lengths=sequence_lengths,
+        score_fn=routing.score_fn,
     )
 
 
@@ -435,6 +460,61 @@ def _sequence_lengths(routing: LayerRouting, seq: np.ndarray | None) -> list[int
         return None
     counts = np.unique(seq[routing.token_rows], return_counts=True)[1]
     return [int(c) for c in counts]
+
+
+# ---- a report in a few lines: what the app shows before the per-layer reasons ---------------------------
+NOTE_NOT_SIGNIFICANT = "not significant"  # the prefix of `_load_findings`' notes
+NOTE_DROPPED = "dropped by capacity"
+NOTE_NO_TOKENS = "no tokens routed"
+NOTE_KINDS = (NOTE_NOT_SIGNIFICANT, NOT_ENOUGH_TOKENS, NOTE_DROPPED, NOTE_NO_TOKENS, "other")
+
+
+def note_kind(note: str) -> str:
+    """Which of NOTE_KINDS a layer's note is (from the words `judge_layer` writes)."""
+    if note.startswith(NOTE_NOT_SIGNIFICANT):
+        return NOTE_NOT_SIGNIFICANT
+    if note.startswith(NOT_ENOUGH_TOKENS):
+        return NOT_ENOUGH_TOKENS
+    if note.startswith(NOTE_NO_TOKENS):
+        return NOTE_NO_TOKENS
+    if NOTE_DROPPED in note:
+        return NOTE_DROPPED
+    return "other"
+
+
+@dataclass(frozen=True)
+class VerdictSummary:
+    """A report counted: layers per verdict, the layers with reasons (not healthy), and per note kind the
+    layers that have one — so that a model of 58 layers reads in a line before its ~hundreds of notes."""
+
+    layers: int
+    by_verdict: dict[str, int]  # str(Verdict) -> layers, every verdict present (0 when none)
+    flagged: tuple[LayerVerdict, ...]  # the layers with at least one reason, worst first
+    noted: dict[str, tuple[LayerVerdict, ...]]  # note kind -> the layers with such a note (kinds present)
+
+    def headline(self) -> str:
+        """E.g. '58 MoE layers: 2 warning, 56 healthy.'"""
+        counts = [f"{n} {name}" for name, n in reversed(self.by_verdict.items()) if n]
+        return f"{self.layers} MoE layers: " + (", ".join(counts) or "none") + "."
+
+    def notes_line(self) -> str:
+        """E.g. 'Notes: 47 layers not significant; 11 layers not enough tokens to judge.' ('': none)."""
+        parts = [
+            f"{len(lvs)} {'layer' if len(lvs) == 1 else 'layers'} {kind}" for kind, lvs in self.noted.items()
+        ]
+        return ("Notes: " + "; ".join(parts) + ".") if parts else ""
+
+
+def summarise_report(report: CollapseReport) -> VerdictSummary:
+    """Count a report's layers by verdict and by kind of note (see VerdictSummary)."""
+    by_verdict = {str(v): sum(lv.verdict is v for lv in report.layers) for v in Verdict}
+    flagged = sorted((lv for lv in report.layers if lv.findings), key=lambda lv: -int(lv.verdict))
+    noted: dict[str, list[LayerVerdict]] = {}
+    for lv in report.layers:
+        for kind in dict.fromkeys(note_kind(note) for note in lv.notes):
+            noted.setdefault(kind, []).append(lv)
+    ordered = {kind: tuple(noted[kind]) for kind in NOTE_KINDS if kind in noted}
+    return VerdictSummary(len(report.layers), by_verdict, tuple(flagged), ordered)
 
 
 COLLAPSE_COLUMNS = [

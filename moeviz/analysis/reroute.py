@@ -260,6 +260,13 @@ def _same_sets(a: np.ndarray, b: np.ndarray, num_experts: int) -> np.ndarray:
     return (members(a) == members(b)).all(axis=1)
 
 
+def _bias_or_zeros(bias: np.ndarray | None, num_experts: int) -> np.ndarray:
+    """A selection bias [E] as float32, all zeros for None (no bias)."""
+    if bias is None:
+        return np.zeros(num_experts, dtype=np.float32)
+    return np.asarray(bias, dtype=np.float32).reshape(-1)
+
+
 @dataclass(eq=False)
 class Rerouted:
     """One layer re-routed (`reroute`). N tokens, E experts, k = settings.k.
@@ -368,6 +375,66 @@ class Rerouted:
         """One row per expert: f, P and term of the captured routing (`*_captured`) and of the re-routed."""
         captured = self.captured_aux_terms.drop(columns="expert").add_suffix("_captured")
         return pd.concat([self.per_expert_aux_terms, captured], axis=1)
+
+    # ---- the aux loss's paradoxes (what the playground explains) --------------------------------------
+    @property
+    def dispatched_per_token(self) -> float:
+        """Σ_e f_e = dispatched slots / T = k − dropped/T: the aux loss's value under even load and even P
+        (k without drops; a dropped slot leaves f, so drops lower it)."""
+        n = len(self.routing.token_rows)
+        return float((self.experts >= 0).sum() / n) if n else math.nan
+
+    @property
+    def drops_lower_aux_loss(self) -> bool:
+        """The capacity dropped slots and the aux loss is below its balanced value k: f counts only the
+        dispatched slots (Σ_e f_e = `dispatched_per_token` < k), so drops lower the loss, balanced or not."""
+        return self.dropped_slots > 0 and self.aux_loss_dispatched < int(self.settings.k)
+
+    @property
+    def bias_changed(self) -> bool:
+        """The selection bias differs from the captured one (None counts as all zeros)."""
+        e = self.routing.num_experts
+        return not np.array_equal(_bias_or_zeros(self.settings.bias, e), _bias_or_zeros(self.routing.bias, e))
+
+    @property
+    def bias_lowers_aux_loss_not_load(self) -> bool:
+        """Only the bias moved tokens (the captured k, P and group limit, nothing dropped), the aux loss fell
+        below the captured one and the busiest expert got busier: the bias changes f but not P (P is the mean
+        of the scores, the bias only picks), so sending tokens to experts of small P lowers E·Σ f_e·P_e while
+        the load gets worse."""
+        captured_groups = _groups(self.routing, RerouteSettings.captured(self.routing))
+        same_p = np.array_equal(self.per_expert_aux_terms["P"], self.captured_aux_terms["P"])
+        return (
+            self.bias_changed
+            and int(self.settings.k) == self.routing.k
+            and same_p
+            and self.groups == captured_groups
+            and self.dropped_slots == 0
+            and self.aux_loss_dispatched < self.captured_aux_loss_dispatched
+            and int(self.load.max(initial=0)) > int(self.captured_load.max(initial=0))
+        )
+
+    @cached_property
+    def at_temperature_one(self) -> Rerouted:
+        """The same re-routing at temperature 1 (this one where the temperature is 1)."""
+        if self.settings.temperature == 1.0:
+            return self
+        return reroute(self.routing, dataclasses.replace(self.settings, temperature=1.0), self.seqs)
+
+    @property
+    def temperature_changed_tokens(self) -> int:
+        """Tokens whose dispatched experts differ from the same re-routing at temperature 1. Zero without a
+        bias, group limit or capacity: score_fn(logits / τ) keeps each token's order of experts for any
+        τ > 0 (both score functions increase with the logit), so the top-k stay; the weights and P change."""
+        if self.at_temperature_one is self:
+            return 0
+        other = self.at_temperature_one.experts
+        return int((~_same_sets(self.experts, other, self.routing.num_experts)).sum())
+
+    @property
+    def temperature_keeps_choice(self) -> bool:
+        """The temperature is not 1 and moved no token's experts (`temperature_changed_tokens`)."""
+        return self.settings.temperature != 1.0 and self.temperature_changed_tokens == 0
 
     # ---- tokens --------------------------------------------------------------------------------------
     @property

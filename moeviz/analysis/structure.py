@@ -367,3 +367,36 @@ def path_frame(
             )
         )
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+# ---- paths over a window of consecutive layers -----------------------------------------------------------
+# Over many layers and experts nearly every top-1 path is unique (E^L possible paths against T tokens: a
+# 58-hop path of 256 experts never repeats), so paths are counted over a window of consecutive layers.
+PATH_LAYERS = 4  # the default window up to MAX_CATEGORICAL experts (the samples' 4 layers: every layer)
+PATH_LAYERS_AT_SCALE = 2  # above: pairs of layers, which repeat (256² pairs vs thousands of tokens)
+_FEW_EXPERTS = 20  # moeviz.charts.scale.MAX_CATEGORICAL (analysis does not import charts)
+
+
+def path_layer_ids(trace: Trace, site: str) -> list[int]:
+    """The MoE layers of `site`, in order: what a path window is cut from."""
+    return [r.layer for r in _site_chains(trace).get(site, [])]
+
+
+def default_path_length(num_layers: int, num_experts: int) -> int:
+    """Layers a path spans by default: PATH_LAYERS up to 20 experts, PATH_LAYERS_AT_SCALE above, never more
+    than the model has."""
+    wanted = PATH_LAYERS if num_experts <= _FEW_EXPERTS else PATH_LAYERS_AT_SCALE
+    return max(1, min(wanted, num_layers))
+
+
+def path_window(layer_ids: Sequence[int], start: int, length: int) -> list[int]:
+    """`length` consecutive layers of `layer_ids` (a site's MoE layers, in order) from layer `start`, moved
+    back so that a full window fits (a window from the last layer ends there); `start` not among them: from
+    the first layer at or after it."""
+    ids = list(layer_ids)
+    if not ids:
+        return []
+    length = max(1, min(int(length), len(ids)))
+    first = next((i for i, layer in enumerate(ids) if layer >= start), len(ids) - 1)
+    first = min(first, len(ids) - length)
+    return ids[first : first + length]

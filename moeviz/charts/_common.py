@@ -3,6 +3,9 @@ two theme colours (INK, PAPER), the fit-to-width autosize (FIT_WIDTH)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import altair as alt
 import numpy as np
 import pandas as pd
@@ -39,3 +42,50 @@ def log2_fold_colour(field: str, title: str) -> alt.Color:
         # long enough for its five labels (Vega hides touching legend labels)
         legend=alt.Legend(title=title, values=[-3, -1, 0, 1, 3], gradientLength=160, labelOverlap=False),
     )
+
+
+# ---- axes of many layers or positions --------------------------------------------------------------------
+
+
+def spaced_ticks(last: int, max_ticks: int) -> list[int]:
+    """Integer tick values from 0 to `last` at a round step (1, 2 or 5 × 10ⁿ) giving at most `max_ticks`,
+    always ending on `last` itself — the end of the axis is labelled (the last expert, the last token) —
+    with the round tick before it dropped when closer than half a step (their labels would touch)."""
+    last = max(int(last), 0)
+    if last == 0:
+        return [0]
+    raw = last / max(max_ticks - 1, 1)
+    power = 10 ** int(np.floor(np.log10(raw))) if raw >= 1 else 1
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    values = list(range(0, last + 1, step))
+    if values[-1] != last:
+        if last - values[-1] < step / 2 and len(values) > 1:
+            values.pop()
+        values.append(last)
+    return values
+
+
+def every_nth_layer(layers: Sequence[int], step: int) -> list[int]:
+    """Every `step`-th of `layers` (in order) from the first, ending on the last one (the one before it
+    dropped when closer than a step: bands are as narrow as the labels allow)."""
+    layers = list(layers)
+    picked = layers[:: max(step, 1)]
+    if layers and picked[-1] != layers[-1]:
+        if len(layers) - 1 - layers.index(picked[-1]) < step and len(picked) > 1:
+            picked.pop()
+        picked.append(layers[-1])
+    return picked
+
+
+LABEL_PX = {0: 20, -90: 13}  # px a layer label needs along the axis: upright two digits, or turned (font 10)
+
+
+def layer_band_axis(layers: Sequence[int], *, min_width: int, angle: int = 0, **kwargs) -> alt.Axis:
+    """A band axis of MoE layers whose labels never overlap and none is dropped by Vega (labelOverlap off):
+    every label while each band, at `min_width` px (the narrowest the chart is drawn: a half column is
+    ~380 px), has room for one (LABEL_PX at `angle`); beyond, labels on every n-th layer from the first,
+    ending on the last (`every_nth_layer`; every bar keeps its layer in the tooltip)."""
+    layers = sorted(int(x) for x in layers)
+    step = max(1, math.ceil(LABEL_PX[angle] * len(layers) / max(min_width, 1)))
+    values = {} if step == 1 else {"values": every_nth_layer(layers, step)}
+    return alt.Axis(labelAngle=angle, labelOverlap=False, **values, **kwargs)

@@ -182,14 +182,59 @@ def attention_block_frame(
     )
 
 
-def attention_map_chart(block_frame: pd.DataFrame, *, title: str | None = None) -> alt.Chart:
+# How an attention map is coloured: at a thousand keys a row's weights are ~1/1000, flat grey on a 0–1 scale.
+MAP_SCALES = {
+    "log": "log₁₀ p (10⁻⁴ … 1)",
+    "row": "p ÷ its row's largest p in the window",
+    "linear": "p on 0 … 1",
+}
+LOG_FLOOR = 1e-4  # the log scale's lower end: weights below it (masked future keys: 0) take its colour
+
+
+def map_shade(block_frame: pd.DataFrame, scale: str) -> pd.Series:
+    """The value an attention map colours each cell by (see MAP_SCALES): the weight clipped to
+    [LOG_FLOOR, 1] ("log"), the weight over the largest weight of its query row in the frame ("row"; a row
+    of zeros stays 0), or the weight ("linear")."""
+    weight = block_frame["weight"].astype(np.float64)
+    if scale == "log":
+        return weight.clip(lower=LOG_FLOOR, upper=1.0)
+    if scale == "row":
+        top = weight.groupby(block_frame["query_pos"]).transform("max")
+        return (weight / top.where(top > 0)).fillna(0.0)
+    if scale == "linear":
+        return weight
+    raise ValueError(f"scale must be one of {list(MAP_SCALES)}, got {scale!r}")
+
+
+def _shade_colour(scale: str) -> alt.Color:
+    """The colour of `map_shade`'s values: greys on a log or linear scale, legend named after MAP_SCALES."""
+    if scale == "log":
+        return alt.Color(
+            "shade:Q",
+            scale=alt.Scale(type="log", scheme="greys", domain=[LOG_FLOOR, 1]),
+            legend=alt.Legend(title="p (log)", values=[1e-4, 1e-3, 1e-2, 1e-1, 1], format="~g"),
+        )
+    title = "p ÷ row max" if scale == "row" else "p"
+    return alt.Color(
+        "shade:Q", scale=alt.Scale(scheme="greys", domain=[0, 1]), legend=alt.Legend(title=title)
+    )
+
+
+def attention_map_chart(
+    block_frame: pd.DataFrame, *, title: str | None = None, scale: str = "linear"
+) -> alt.Chart:
     """Query × key heatmap of one head over a window (the cells of `attention_block_frame`).
 
-    Queries run down y, keys along x, both in position order; colour = attention weight p_ij (row-normalised
-    over *all* keys, so a window's rows need not sum to 1); masked (future) keys are 0. Tooltip: query, key,
-    weight. The caller chooses the window: the chart carries exactly the cells it is given.
+    Queries run down y, keys along x, both in position order; the weight p_ij is row-normalised over *all*
+    keys (a window's rows need not sum to 1), masked (future) keys are 0. Colour (`scale`, MAP_SCALES):
+    "log" — log₁₀ p from LOG_FLOOR to 1, so weights of ~1/1000 over a thousand keys still differ; "row" —
+    p over the largest p of its row in the window (each query's own pattern, whatever its spread);
+    "linear" — p on 0–1. Tooltip: query, key, weight (always the weight itself). The caller chooses the
+    window: the chart carries exactly the cells it is given.
     """
-    data = block_frame[["query_pos", "key_pos", "query", "key", "weight"]]
+    data = block_frame[["query_pos", "key_pos", "query", "key", "weight"]].assign(
+        shade=map_shade(block_frame, scale).to_numpy()
+    )
     num_rows = int(data["query_pos"].nunique()) if len(data) else 0
     num_cols = int(data["key_pos"].nunique()) if len(data) else 0
     axis = {"labelLimit": 90, "labelOverlap": True}
@@ -207,17 +252,19 @@ def attention_map_chart(block_frame: pd.DataFrame, *, title: str | None = None) 
                 sort=alt.EncodingSortField(field="query_pos", op="min"),
                 axis=alt.Axis(title="query (pos:token)", **axis),
             ),
-            color=alt.Color(
-                "weight:Q", scale=alt.Scale(scheme="greys", domain=[0, 1]), legend=alt.Legend(title="p")
-            ),
+            color=_shade_colour(scale),
             tooltip=[
                 alt.Tooltip("query:N"),
                 alt.Tooltip("key:N"),
-                alt.Tooltip("weight:Q", format=".4f"),
+                alt.Tooltip("weight:Q", format=".4g"),
             ],
         )
         .properties(
-            title=alt.Title(title or "Attention map", subtitle=f"{num_rows} queries × {num_cols} keys"),
+            title=alt.Title(
+                title or "Attention map",
+                subtitle=f"{num_rows} queries × {num_cols} keys"
+                + ("" if scale == "linear" else f" · colour = {MAP_SCALES[scale]}"),
+            ),
             height=min(max(14 * num_rows, 160), 640),
             autosize=FIT_WIDTH,
         )

@@ -10,9 +10,10 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from moeviz.charts._common import FIT_WIDTH
+from moeviz.charts._common import FIT_WIDTH, spaced_ticks
 
 MAX_BINS = 200
+TOKEN_TICKS = 8  # the most token-axis ticks: 4-digit labels stay apart at ~400 px
 
 
 def bin_size(num_rows: int, max_bins: int = MAX_BINS) -> int:
@@ -65,13 +66,23 @@ def binned_dispatch_heatmap(
     )
     data = bin_rows(frame, sums=["dispatched"], means=["score"], max_bins=max_bins)
     data["dispatch_rate"] = data["dispatched"] / data["tokens"]
-    size = bin_size(int(frame["row"].max()) + 1 if len(frame) else 0, max_bins)
+    num_rows = int(frame["row"].max()) + 1 if len(frame) else 0
+    size = bin_size(num_rows, max_bins)
     num_experts = int(data["expert"].nunique()) if len(data) else 0
     return (
         alt.Chart(data)
         .mark_rect()
         .encode(
-            x=alt.X("row_start:Q", bin=alt.Bin(binned=True, step=size), title=f"token (bins of {size})"),
+            # a plain position axis (a binned one ticks every bin edge: 50 labels smeared into one), its
+            # ticks round token numbers ending on the input's length
+            x=alt.X(
+                "row_start:Q",
+                title=f"token (bins of {size})",
+                scale=alt.Scale(domain=[0, num_rows], nice=False, zero=True),
+                axis=alt.Axis(
+                    values=spaced_ticks(num_rows, TOKEN_TICKS), labelOverlap=False, labelFlush=True
+                ),
+            ),
             x2="row_end:Q",
             y=alt.Y("expert:O"),
             color=alt.Color(
@@ -86,10 +97,24 @@ def binned_dispatch_heatmap(
                 alt.Tooltip("score:Q", format=".4f", title="mean score"),
             ],
         )
-        .transform_calculate(row_end=f"datum.row_start + {size}")
+        .transform_calculate(row_end=f"min(datum.row_start + {size}, {num_rows})")  # the last bin: shorter
         .properties(
-            title=alt.Title(title or "Dispatch over the whole input", subtitle=f"{len(data)} cells"),
+            title=alt.Title(
+                title or "Dispatch over the whole input",
+                subtitle=_bins_subtitle(frame, data, size, num_experts),
+            ),
             height=min(max(18 * num_experts, 120), 640),
             autosize=FIT_WIDTH,
         )
+    )
+
+
+def _bins_subtitle(frame: pd.DataFrame, data: pd.DataFrame, size: int, num_experts: int) -> str:
+    """What a binned dispatch heatmap shows, in words a reader can check against the axes (a cell count,
+    "1650 cells", says nothing): the tokens, the bins they make, the experts and what a cell's colour is."""
+    tokens = int(frame["row"].nunique()) if len(frame) else 0
+    bins = int(data["bin"].nunique()) if len(data) else 0
+    return (
+        f"{tokens:,} tokens in {bins} bins of {size} · {num_experts} experts shown · colour = share of a "
+        "bin's tokens sent to the expert"
     )

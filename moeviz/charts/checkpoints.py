@@ -52,7 +52,8 @@ def _lines(
         .mark_line(point=True)
         .encode(
             x=_checkpoint_x(data),
-            y=alt.Y(f"{value}:Q", title=title, scale=y_scale),
+            # trimmed labels: a value at 0 at every checkpoint (no dead expert) otherwise reads "0.000000"
+            y=alt.Y(f"{value}:Q", title=title, scale=y_scale, axis=alt.Axis(format="~g")),
             color=color,
             detail=detail,
             tooltip=tooltip

@@ -18,11 +18,33 @@ from moeviz.charts.scale import MAX_CATEGORICAL, add_expert_colour_fields, exper
 COLLAPSE_COLOUR = "#d62728"  # the collapse rule: readable on the light and the dark page
 LOSS_COLOURS = {"train": "#4c78a8", "held-out": "#f58518"}
 MAX_LOAD_STEPS = 200  # steps drawn in the stacked load area (thinned evenly beyond)
+RAW_OPACITY = 0.3  # the raw curve behind its smoothed one, as TensorBoard draws it
+SCRUB_COLOUR = "#7f7f7f"  # the load snapshot's step on the stacked load area
+# a colour per run (Tableau 10, its blue first as the single-run charts): set here, not left to the theme,
+# whose default scheme for a few categories is shades of one blue
+RUN_COLOURS = [
+    "#4c78a8",
+    "#f58518",
+    "#54a24b",
+    "#e45756",
+    "#72b7b2",
+    "#b279a2",
+    "#eeca3b",
+    "#9d755d",
+    "#ff9da6",
+    "#bab0ac",
+]
 
 
 def _step_x(steps: int | None) -> alt.X:
     scale = alt.Scale(domain=[0, int(steps)], nice=False) if steps else alt.Undefined
     return alt.X("step:Q", title="training step", scale=scale, axis=alt.Axis(tickMinStep=1))
+
+
+def _smoothed(frame: pd.DataFrame, column: str) -> str | None:
+    """The frame's column of `column` smoothed (`moeviz.lab.curves.with_smoothed` adds it), if any."""
+    name = f"{column}_smoothed"
+    return name if name in frame.columns else None
 
 
 def _one_mark() -> alt.Chart:
@@ -56,22 +78,26 @@ def lab_loss_chart(
     collapse_step: int | None = None,
     title: str = "Loss",
 ) -> alt.LayerChart:
-    """Train loss at every step and held-out loss at each evaluation (dots), in nats per token.
+    """Train loss at every step and held-out loss at each evaluation (dots), in nats per token; when the
+    frame has train_loss_smoothed (`moeviz.lab.curves.with_smoothed`) the train loss is drawn smoothed over
+    its faint raw curve, as TensorBoard does.
 
     Input: `LabRun.history()` (columns step, train_loss, heldout_loss (NaN between evaluations), …); the
     chart's one dataset is that frame, unchanged."""
     x = _step_x(steps)
+    smoothed = _smoothed(history, "train_loss")
     colour = alt.Color(
         "series:N",
         scale=alt.Scale(domain=list(LOSS_COLOURS), range=list(LOSS_COLOURS.values())),
-        legend=alt.Legend(title=None, orient="top-right"),
+        # below the plot: a legend inside it sat on the curves (the loss starts in the top corners)
+        legend=alt.Legend(title=None, orient="bottom", direction="horizontal"),
     )
     y_title = "loss (nats / token)"
     train = (
         alt.Chart()
         .transform_filter("isValid(datum.train_loss)")
         .transform_calculate(series="'train'")
-        .mark_line(strokeWidth=1.5)
+        .mark_line(strokeWidth=1.5, opacity=RAW_OPACITY if smoothed else 1.0)
         .encode(
             x=x,
             y=alt.Y("train_loss:Q", title=y_title, scale=alt.Scale(zero=False)),
@@ -94,8 +120,22 @@ def lab_loss_chart(
             ],
         )
     )
-    return alt.layer(train, heldout, *_collapse_marks(collapse_step), data=history).properties(
-        title=alt.Title(title, subtitle="line: train · dots: held-out evaluations"),
+    layers = [train, heldout]
+    if smoothed:
+        layers.insert(
+            1,
+            train.mark_line(strokeWidth=2).encode(
+                y=alt.Y(f"{smoothed}:Q", title=y_title, scale=alt.Scale(zero=False)),
+                tooltip=[
+                    alt.Tooltip("step:Q"),
+                    alt.Tooltip("train_loss:Q", format=".3f", title="train loss"),
+                    alt.Tooltip(f"{smoothed}:Q", format=".3f", title="smoothed"),
+                ],
+            ),
+        )
+    subtitle = "line: train · dots: held-out evaluations" + (" · faint: raw train" if smoothed else "")
+    return alt.layer(*layers, *_collapse_marks(collapse_step), data=history).properties(
+        title=alt.Title(title, subtitle=subtitle),
         height=200,
         autosize=FIT_WIDTH,
     )
@@ -118,9 +158,11 @@ def lab_load_chart(
     *,
     steps: int | None = None,
     collapse_step: int | None = None,
+    marked_step: int | None = None,
 ) -> alt.LayerChart:
     """Stacked area of one layer's per-expert load over the training steps: each band an expert's share of
     the step's slots (an even router gives bands of 1/E each; a collapsed one, one band filling the chart).
+    `marked_step`: a grey rule at the step of the load snapshot (`lab_load_snapshot_chart`).
 
     Input: `LabRun.load_history()` (columns step, layer, expert, load); only `layer` is drawn, and at most
     MAX_LOAD_STEPS steps (`thin_steps`)."""
@@ -155,7 +197,14 @@ def lab_load_chart(
     )
     fair = f"even: 1/{num_experts} each" if num_experts > 1 else "one expert"
     legend = "" if num_experts <= MAX_CATEGORICAL else " · colour = expert id"
-    return alt.layer(area, *_collapse_marks(collapse_step), data=data).properties(
+    marks = [area, *_collapse_marks(collapse_step)]
+    if marked_step is not None:
+        marks.append(
+            _one_mark()
+            .mark_rule(color=SCRUB_COLOUR, strokeWidth=2)
+            .encode(x=alt.datum(int(marked_step)), tooltip=alt.value(f"load snapshot: step {marked_step}"))
+        )
+    return alt.layer(*marks, data=data).properties(
         title=alt.Title(f"Expert load, layer {layer}", subtitle=f"a band per expert · {fair}{legend}"),
         height=200,
         autosize=FIT_WIDTH,
@@ -193,10 +242,12 @@ def lab_metric_chart(
     reference: float | None = None,
 ) -> alt.LayerChart:
     """One per-step indicator of the run (a column of LAB_METRICS) as a line, with an optional dashed
-    reference level (e.g. the normalised load entropy of an even load, 1).
+    reference level (e.g. the normalised load entropy of an even load, 1); when the frame has
+    `<metric>_smoothed` (`moeviz.lab.curves.with_smoothed`), that line over the faint raw one.
 
     Input: `LabRun.history()`; the chart's one dataset is that frame, unchanged."""
     title, subtitle = lab_metric_title(metric)
+    smoothed = _smoothed(history, metric)
     line = (
         alt.Chart()
         .transform_filter(f"isValid(datum.{metric})")
@@ -204,18 +255,31 @@ def lab_metric_chart(
             color="#54a24b",
             strokeWidth=1.8,
             interpolate="step-after" if metric in COUNT_METRICS else "linear",
+            opacity=RAW_OPACITY if smoothed else 1.0,
         )
         .encode(
             x=_step_x(steps),
             y=alt.Y(
                 f"{metric}:Q",
                 title=None,
-                axis=alt.Axis(tickMinStep=1) if metric in COUNT_METRICS else alt.Undefined,
+                # whole-number labels: an all-zero count (no dead expert) otherwise reads "0.000000"
+                axis=alt.Axis(tickMinStep=1, format="d") if metric in COUNT_METRICS else alt.Undefined,
             ),
             tooltip=[alt.Tooltip("step:Q"), alt.Tooltip(f"{metric}:Q", format=".3~f", title=title.lower())],
         )
     )
     layers = [line]
+    if smoothed:
+        layers.append(
+            line.mark_line(color="#54a24b", strokeWidth=2).encode(
+                y=alt.Y(f"{smoothed}:Q", title=None),
+                tooltip=[
+                    alt.Tooltip("step:Q"),
+                    alt.Tooltip(f"{metric}:Q", format=".3~f", title=title.lower()),
+                    alt.Tooltip(f"{smoothed}:Q", format=".3~f", title="smoothed"),
+                ],
+            )
+        )
     if reference is not None and math.isfinite(reference):
         layers.append(
             _one_mark()
@@ -224,4 +288,116 @@ def lab_metric_chart(
         )
     return alt.layer(*layers, *_collapse_marks(collapse_step, short=True), data=history).properties(
         title=alt.Title(title, subtitle=subtitle), height=130, autosize=FIT_WIDTH
+    )
+
+
+def lab_load_snapshot_chart(load: pd.DataFrame, layer: int, step: int, num_experts: int) -> alt.LayerChart:
+    """One layer's load at one training step: a bar per expert (its share of the step's slots), with the
+    even share 1/E dashed; the step scrubber's view of `lab_load_chart`.
+
+    Input: `LabRun.load_history()`; the chart's one dataset is the rows of (`step`, `layer`)."""
+    data = load[(load["layer"] == layer) & (load["step"] == step)][["step", "expert", "load"]].copy()
+    add_expert_colour_fields(data, num_experts)
+    colour = expert_colour(num_experts)
+    colour["legend"] = None  # the bars' own axis names the experts
+    bars = (
+        alt.Chart()
+        .mark_bar()
+        .encode(
+            x=alt.X("expert:O", title="expert", axis=alt.Axis(labelAngle=0)),
+            y=alt.Y("load:Q", title="share", axis=alt.Axis(format="%")),
+            color=colour,
+            tooltip=[
+                alt.Tooltip("expert:N"),
+                alt.Tooltip("load:Q", format=".1%", title="share of slots"),
+            ],
+        )
+    )
+    marks = [bars]
+    if num_experts > 1:
+        even = 1.0 / num_experts
+        marks.append(
+            _one_mark()
+            .mark_rule(color=INK, strokeDash=[4, 3], opacity=0.6)
+            .encode(y=alt.datum(even), tooltip=alt.value(f"even share: 1/{num_experts}"))
+        )
+    return alt.layer(*marks, data=data).properties(
+        title=alt.Title(f"Load at step {step}, layer {layer}", subtitle="a bar per expert · dashed: even"),
+        height=130,
+        autosize=FIT_WIDTH,
+    )
+
+
+# Titles of the curves a runs view overlays (`moeviz.lab.curves.CURVE_METRICS`): the two losses, then
+# LAB_METRICS' own titles.
+RUN_TITLES = {"train_loss": "Train loss", "heldout_loss": "Held-out loss"}
+
+
+def lab_runs_title(metric: str) -> str:
+    """Title of a runs-view curve."""
+    return RUN_TITLES[metric] if metric in RUN_TITLES else lab_metric_title(metric)[0]
+
+
+def lab_runs_chart(
+    curves: pd.DataFrame,
+    metric: str,
+    *,
+    runs: list[str] | None = None,
+    steps: int | None = None,
+    smoothed: bool = False,
+    reference: float | None = None,
+) -> alt.LayerChart:
+    """Several runs' `metric` on shared axes, a colour per run (TensorBoard's runs view): the raw curve, or,
+    with `smoothed`, the smoothed curve over its faint raw one.
+
+    Input: `moeviz.lab.curves.runs_curves` (run, metric, step, value, smoothed); the chart's one dataset is
+    that frame's rows of `metric`. `runs`: the colour order (default: the frame's order of appearance)."""
+    data = curves[curves["metric"] == metric].reset_index(drop=True)
+    order = runs if runs is not None else list(dict.fromkeys(curves["run"]))
+    title = lab_runs_title(metric)
+    colour = alt.Color(
+        "run:N",
+        scale=alt.Scale(domain=order, range=[RUN_COLOURS[i % len(RUN_COLOURS)] for i in range(len(order))]),
+        # two a row: a half-width chart at 900 px has room for two names; full-strength swatches (not the raw
+        # curve's faint ones)
+        legend=alt.Legend(title=None, orient="bottom", direction="horizontal", columns=2, symbolOpacity=1),
+    )
+    interpolate = "step-after" if metric in COUNT_METRICS else "linear"
+    axis = alt.Axis(tickMinStep=1, format="d") if metric in COUNT_METRICS else alt.Undefined
+    tooltip = [
+        alt.Tooltip("run:N"),
+        alt.Tooltip("step:Q"),
+        alt.Tooltip("value:Q", format=".3~f", title=title.lower()),
+    ]
+    point = alt.OverlayMarkDef(size=20, filled=True) if metric == "heldout_loss" else False
+    raw = (
+        alt.Chart()
+        .mark_line(
+            strokeWidth=1.5, interpolate=interpolate, opacity=RAW_OPACITY if smoothed else 1.0, point=point
+        )
+        .encode(
+            x=_step_x(steps),
+            y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False), axis=axis),
+            color=colour,
+            detail="run:N",
+            tooltip=tooltip,
+        )
+    )
+    layers = [raw]
+    if smoothed:
+        layers.append(
+            raw.mark_line(strokeWidth=2, interpolate=interpolate).encode(
+                y=alt.Y("smoothed:Q", title=None, scale=alt.Scale(zero=False), axis=axis),
+                tooltip=[*tooltip, alt.Tooltip("smoothed:Q", format=".3~f", title="smoothed")],
+            )
+        )
+    if reference is not None and math.isfinite(reference):
+        layers.append(
+            _one_mark()
+            .mark_rule(color=INK, strokeDash=[4, 3], opacity=0.6)
+            .encode(y=alt.datum(float(reference)), tooltip=alt.value(f"even load: {reference:.3f}"))
+        )
+    subtitle = "smoothed · faint: raw" if smoothed else "a colour per run"
+    return alt.layer(*layers, data=data).properties(
+        title=alt.Title(title, subtitle=subtitle), height=150, autosize=FIT_WIDTH
     )

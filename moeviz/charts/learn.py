@@ -9,6 +9,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from moeviz.analysis.lesson import sweep_points
 from moeviz.charts._common import FIT_WIDTH, INK
 from moeviz.charts.routing import token_label
 
@@ -391,13 +392,16 @@ def shared_experts_chart(shares: pd.DataFrame, *, k: int, title: str) -> alt.Lay
 def experts_sweep_chart(
     sweep: pd.DataFrame, *, title: str = "Held-out loss vs number of experts"
 ) -> alt.LayerChart:
-    """Held-out loss against the number of experts (log₂ axis), one line per k, points labelled.
+    """Held-out loss against the number of experts (log₂ axis), one line per k through the mean over seeds,
+    a vertical bar from the lowest to the highest seed at each point (the noise the lesson's notice judges
+    the curves against), and a red ring round each point where a run collapsed (tooltip: which seed, at
+    which step).
 
-    Input: the experts sweep table (columns experts, k, heldout_loss; other columns are ignored); several
-    rows of one (experts, k) (seeds) are drawn as their mean."""
-    data = sweep[["experts", "k", "heldout_loss"]].astype({"experts": int, "k": int, "heldout_loss": float})
-    data = data.groupby(["k", "experts"], as_index=False)["heldout_loss"].mean()  # several seeds: their mean
-    data = data.assign(k=lambda d: "k = " + d["k"].astype(str))
+    Input: the experts sweep table (columns experts, k, heldout_loss; optionally seed and collapse_step;
+    other columns are ignored), summarised by `moeviz.analysis.lesson.sweep_points` (one row per (k,
+    experts), the one dataset of the chart)."""
+    data = sweep_points(sweep).assign(k=lambda d: "k = " + d["k"].astype(str))
+    data["collapsed"] = data["collapses"] != ""
     experts = sorted(data["experts"].unique().tolist())
     x = alt.X(
         "experts:Q",
@@ -405,17 +409,42 @@ def experts_sweep_chart(
         scale=alt.Scale(type="log", base=2),
         axis=alt.Axis(values=experts, format="d", labelFontSize=12, titleFontSize=FONT),
     )
-    base = alt.Chart().encode(
-        x=x,
-        y=alt.Y(
-            "heldout_loss:Q",
-            title="held-out loss (nats/token)",
-            scale=alt.Scale(zero=False),
-            axis=alt.Axis(labelFontSize=12, titleFontSize=FONT),
-        ),
-        color=alt.Color("k:N", legend=alt.Legend(orient="top", title=None, labelFontSize=FONT)),
-        tooltip=[alt.Tooltip("experts:Q"), alt.Tooltip("k:N"), alt.Tooltip("heldout_loss:Q", format=".3f")],
+    y = alt.Y(
+        "heldout_loss:Q",
+        title="held-out loss (nats/token)",
+        scale=alt.Scale(zero=False),
+        axis=alt.Axis(labelFontSize=12, titleFontSize=FONT),
+    )
+    colour = alt.Color("k:N", legend=alt.Legend(orient="top", title=None, labelFontSize=FONT))
+    tooltip = [
+        alt.Tooltip("experts:Q"),
+        alt.Tooltip("k:N"),
+        alt.Tooltip("heldout_loss:Q", format=".3f", title="mean held-out loss"),
+        alt.Tooltip("lowest:Q", format=".3f", title="lowest seed"),
+        alt.Tooltip("highest:Q", format=".3f", title="highest seed"),
+        alt.Tooltip("seeds:Q"),
+        alt.Tooltip("collapses:N", title="collapsed"),
+    ]
+    base = alt.Chart().encode(x=x, y=y, color=colour, tooltip=tooltip)
+    spread = (
+        alt.Chart()
+        .transform_filter("datum.seeds > 1")
+        .mark_rule(strokeWidth=2, opacity=0.45)
+        .encode(x=x, y=alt.Y("lowest:Q"), y2="highest:Q", color=colour, tooltip=tooltip)
+    )
+    rings = (
+        alt.Chart()
+        .transform_filter("datum.collapsed")
+        .mark_point(shape="circle", size=420, strokeWidth=2.5, color=RULE, filled=False)
+        .encode(x=x, y=y, tooltip=tooltip)
     )
     return alt.layer(
-        base.mark_line(strokeWidth=2), base.mark_point(filled=True, size=70), data=data
-    ).properties(title=title, height=260, autosize=FIT_WIDTH)
+        base.mark_line(strokeWidth=2), spread, base.mark_point(filled=True, size=70), rings, data=data
+    ).properties(
+        title=alt.Title(
+            title,
+            subtitle="lines: mean over seeds; bars: lowest to highest seed; red ring: a run collapsed there",
+        ),
+        height=260,
+        autosize=FIT_WIDTH,
+    )

@@ -79,7 +79,8 @@ def balance_chart(balance: pd.DataFrame, metric: str, *, title: str | None = Non
         .mark_bar(color="#4c78a8")
         .encode(
             x=x,
-            y=alt.Y("value:Q", title=metric),
+            # trimmed labels: an indicator at 0 in every layer (no dead expert) otherwise reads "0.000000"
+            y=alt.Y("value:Q", title=metric, axis=alt.Axis(format="~g")),
             tooltip=[
                 alt.Tooltip("layer:O"),
                 alt.Tooltip("value:Q", format=".3f", title=metric),

@@ -8,7 +8,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from moeviz.charts._common import FIT_WIDTH, INK
+from moeviz.charts._common import FIT_WIDTH, INK, layer_band_axis
 from moeviz.charts.scale import MAX_CATEGORICAL, add_expert_colour_fields, expert_colour
 
 DOT = "●"
@@ -478,7 +478,8 @@ def token_margin_chart(token_confidence: pd.DataFrame, *, title: str | None = No
     entropy_norm, top1_score, margin_selection optional. For a router with a balancing bias (a non-NaN
     `margin_selection`) the bars are the margin on what the experts were selected on (p + b; over the
     eligible experts of the chosen groups for group-limited routers), with the margin on p on hover;
-    otherwise the margin on p. Over 24 layers the layer labels turn vertical (none dropped).
+    otherwise the margin on p. Layer labels turned; where they would touch (58 layers in a half column) on
+    every n-th layer, ending on the last (`layer_band_axis`).
     """
     columns = ["layer", "margin", "entropy_norm", "top1_score"]
     biased = "margin_selection" in token_confidence and token_confidence["margin_selection"].notna().any()
@@ -486,8 +487,8 @@ def token_margin_chart(token_confidence: pd.DataFrame, *, title: str | None = No
     field, axis_title = (
         ("margin_selection", "top-k margin on p + b") if biased else ("margin", "top-k margin")
     )
-    many = data["layer"].nunique() > 24
-    axis = alt.Axis(labelAngle=-90 if many else 0, labelOverlap=False, labelFontSize=9 if many else 10)
+    # a half column wide on the pages (~380 px at 900 px): labels turned, on every n-th layer when crowded
+    axis = layer_band_axis(data["layer"].unique(), min_width=380, angle=-90, labelFontSize=10)
     return (
         alt.Chart(data.astype(np.float64).astype({"layer": int}))
         .mark_bar()

@@ -20,13 +20,16 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from moeviz.charts._common import INK, layer_labels, log2_fold, log2_fold_colour
+from moeviz.charts._common import INK, layer_labels, log2_fold, log2_fold_colour, spaced_ticks
 
 MAX_CATEGORICAL = 20  # the most experts (or groups) a categorical legend may list
 EXPERT_BRUSH = "experts"  # name of the overview's interval selection over expert positions
 HIGHLIGHT = INK  # the chosen expert's outline and label
 DOT_COLOUR = "#e4572e"  # dispatched (layer, expert) cells, as in the routing heatmaps
 FIT_WIDTH = alt.AutoSizeParams(type="fit-x", contains="padding")
+HEATMAP_WIDTH = 700  # px of the overview + detail: with its layer axis it fits the page's column at 1280 px
+TICK_SPACING = 40  # px between the expert axis's explicit ticks: three-digit ids never touch
+CURVE_TICKS = 14  # ticks of the load curve's rank axis (it fits its column: ~600 px at 1280)
 
 
 # ---- colour ----------------------------------------------------------------------------------------------
@@ -155,7 +158,7 @@ def layer_expert_heatmap(
     highlight: int | None = None,
     order_name: str = "id",
     title: str | None = None,
-    width: int = 760,
+    width: int = HEATMAP_WIDTH,
     colour_scale: alt.Scale | None = None,
     legend_title: str | None = None,
 ) -> alt.VConcatChart | alt.LayerChart:
@@ -174,7 +177,10 @@ def layer_expert_heatmap(
     Up to MAX_CATEGORICAL experts: one heatmap, every expert and layer labelled (the 8-expert view).
     Above: an overview (every expert at a pixel or two, layers unlabelled) with an interval brush over the
     expert axis (`EXPERT_BRUSH`), and below it the detail: the brushed range of experts at every layer, the
-    whole axis while nothing is brushed, both `width` pixels wide (a concatenation cannot fit its host).
+    whole axis while nothing is brushed, both `width` pixels wide (a concatenation cannot fit its host: the
+    default, HEATMAP_WIDTH, and the colour legend above rather than beside fit the page at 1280 px, where
+    a wider one was cut at its last expert label). The overview's ticks are round positions ending on the
+    last expert (`spaced_ticks`); both expert axes keep their end labels inside the plot (labelFlush).
     Expert axes are positions in `order`, ticks labelled with the expert id at that position. Data: one
     row per shown (layer, expert), columns row, layer, expert, pos, value (+ count), shared by both views.
     """
@@ -253,7 +259,13 @@ def layer_expert_heatmap(
         return [outlined.mark_rect(filled=False, stroke=HIGHLIGHT, strokeWidth=1.5, clip=clip)]
 
     full = alt.Scale(domain=[-0.5, len(ids) - 0.5], nice=False, zero=False)
-    overview_axis = _position_axis(f"{sorted_by} — drag to zoom", x_labels)
+    colour = _legend_above(colour)
+    overview_axis = _position_axis(
+        f"{sorted_by} — drag to zoom",
+        x_labels,
+        values=spaced_ticks(len(ids) - 1, max(width // TICK_SPACING, 2)),
+        labelFlush=True,
+    )
     # no tooltip in the overview (a cell is a pixel or two wide): the detail below has them
     overview = alt.layer(
         view(full, overview_axis, None).mark_rect().encode(color=colour).add_params(brush),
@@ -265,7 +277,7 @@ def layer_expert_heatmap(
     )
     detail_scale = alt.Scale(domain={"param": EXPERT_BRUSH, "encoding": "x"}, nice=False, zero=False)
     layer_axis = _position_axis("MoE layer", labels, labelFontSize=9)
-    detail_axis = _position_axis(sorted_by, x_labels)
+    detail_axis = _position_axis(sorted_by, x_labels, labelFlush=True)  # Vega's ticks: the range is brushed
     detail_parts = [
         view(detail_scale, detail_axis, layer_axis)
         .mark_rect(clip=True)
@@ -291,6 +303,16 @@ def layer_expert_heatmap(
         data=data,
         resolve=alt.Resolve(scale=alt.ScaleResolveMap(color="shared")),
     )
+
+
+def _legend_above(colour: alt.Color) -> alt.Color:
+    """`colour` with its legend above the charts, horizontal: beside them it adds ~110 px to a fixed width."""
+    legend = colour._kwds.get("legend", alt.Undefined)
+    kwds = {} if legend is alt.Undefined or legend is None else dict(legend._kwds)
+    kwds = {k: v for k, v in kwds.items() if v is not alt.Undefined}
+    kwds.update(orient="top", direction="horizontal")
+    colour["legend"] = alt.Legend(**kwds)
+    return colour
 
 
 def _subtitle(num_experts: int) -> str:
@@ -433,7 +455,14 @@ def token_rank_path_chart(
         )
         if weighted
         else alt.value(60 if num_rows > 16 else 160),
-        color=alt.Color("slot:O", title="slot", scale=alt.Scale(scheme="viridis"))
+        # every one of the k slots in one row under the chart: stacked beside the weight and score legends
+        # the list outgrew the chart's height and was cut (5 of 8 shown)
+        color=alt.Color(
+            "slot:O",
+            title="slot",
+            scale=alt.Scale(scheme="viridis", domain=list(range(k))),
+            legend=alt.Legend(values=list(range(k)), orient="bottom", direction="horizontal", columns=k),
+        )
         if weighted
         else alt.value("#4c78a8"),
         tooltip=tooltip if weighted else [t for t in tooltip if t.shorthand not in ("weight:Q", "score:Q")],
@@ -518,7 +547,9 @@ def expert_load_curve_chart(
     x = alt.X(
         "rank:Q",
         scale=alt.Scale(domain=[0, max(e - 1, 1)], nice=False),
-        axis=_position_axis("experts, busiest first"),
+        axis=_position_axis(
+            "experts, busiest first", values=spaced_ticks(max(e - 1, 1), CURVE_TICKS), labelFlush=True
+        ),
     )
     y = alt.Y(
         "utilisation:Q",

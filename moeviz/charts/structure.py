@@ -6,7 +6,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from moeviz.charts._common import FIT_WIDTH
+from moeviz.charts._common import FIT_WIDTH, layer_band_axis
 
 CELL = 22  # px a category (expert, path): Streamlit's 12 px labels need that much not to touch
 PANEL_ROW = 760  # px of transition panels side by side; more and they wrap to the next row
@@ -121,7 +121,8 @@ def repetition_chart(repetition: pd.DataFrame, kind: str = "top1", *, title: str
     Input: `moeviz.analysis.repetition_frame(trace)` (columns layer, site and top1_repeat, top1_load,
     top1_uniform, overlap_repeat, overlap_load, overlap_uniform). `kind` "top1" = same top-1 expert,
     "overlap" = the two expert sets share at least one expert. Grouped bars: observed, load baseline,
-    uniform baseline.
+    uniform baseline. Layer labels upright; where they would touch (58 layers at 600 px) on every n-th layer,
+    ending on the last (`layer_band_axis`).
     """
     series = REPETITION_SERIES[kind]
     data = repetition.melt(
@@ -134,7 +135,9 @@ def repetition_chart(repetition: pd.DataFrame, kind: str = "top1", *, title: str
         alt.Chart(data)
         .mark_bar()
         .encode(
-            x=alt.X("layer:O", title="MoE layer", axis=alt.Axis(labelAngle=0)),
+            x=alt.X(
+                "layer:O", title="MoE layer", axis=layer_band_axis(data["layer"].unique(), min_width=600)
+            ),
             xOffset=alt.XOffset("series:N", sort=order),
             y=alt.Y("p:Q", title="P(repeat)", scale=alt.Scale(domain=[0, 1])),
             color=alt.Color(

@@ -82,8 +82,16 @@ def add_parser(commands: Any) -> None:
         "--fit-fraction",
         type=float,
         metavar="F",
-        help="fit the placement on the first F of the tokens (sequences when there are several) and "
-        "evaluate it on the rest; default: fit and evaluate on the same tokens (the output says so)",
+        help="fit the placement on a share F of the sequences (of the tokens, with one sequence; of the "
+        "steps, with a load table), drawn as --split says, and evaluate it on the rest; default: fit and "
+        "evaluate on the same tokens (the output says so)",
+    )
+    cluster.add_argument(
+        "--split",
+        choices=["shuffled", "ordered"],
+        default="shuffled",
+        help="with --fit-fraction: shuffled = the fit part drawn at random (seed 0; a corpus lists its "
+        "sequences domain by domain), ordered = the first ones (default shuffled)",
     )
     cost = ep.add_argument_group("time model")
     cost.add_argument(
@@ -151,8 +159,8 @@ def add_parser(commands: Any) -> None:
         "capacity",
         help="capacity-factor replay: the tokens a capacity factor would drop",
         description="Replay the routing under expert capacity C = ceil((T*k/E)*CF) per dispatch group (one "
-        "sequence), Megatron's get_capacity. --trace/--store need no model weights: the model is loaded only "
-        "to route --text/--text-file/--token-ids.",
+        "sequence, or --group-tokens N), Megatron's get_capacity. --trace/--store need no model weights: "
+        "the model is loaded only to route --text/--text-file/--token-ids.",
     )
     _add_inputs(capacity)
     drop = capacity.add_argument_group("capacity")
@@ -173,6 +181,19 @@ def add_parser(commands: Any) -> None:
         "--exact",
         action="store_true",
         help="compute C in exact arithmetic (default: Megatron's float order, which can land one above)",
+    )
+    drop.add_argument(
+        "--group-tokens",
+        type=int,
+        metavar="N",
+        help="dispatch group = a batch of N consecutive tokens, the sequences packed in order (default: "
+        "one group per sequence)",
+    )
+    drop.add_argument(
+        "--max-drop",
+        type=float,
+        metavar="PCT",
+        help="also report the smallest CF (to 0.01) whose replay drops less than PCT %% of the assignments",
     )
     capacity.set_defaults(check=functools.partial(_check_flags, capacity))
 
@@ -296,6 +317,10 @@ def _check_values(args: argparse.Namespace) -> None:
         args.cf = _capacity_factors(args.cf)
         if args.buckets < 1:
             raise InputError(f"--buckets must be >= 1, got {args.buckets}")
+        if args.group_tokens is not None and args.group_tokens < 1:
+            raise InputError(f"--group-tokens must be >= 1, got {args.group_tokens}")
+        if args.max_drop is not None and not 0 < args.max_drop <= 100:
+            raise InputError(f"--max-drop is a percentage in (0, 100], got {args.max_drop}")
 
 
 def _capacity_factors(text: str) -> list[float]:

@@ -168,7 +168,7 @@ def run_ep(args: argparse.Namespace, bar) -> str:
     )
     bar.set_postfix_str(f"placing experts ({args.placement})")
     if args.fit_fraction is not None:
-        fit, evaluate, fitted = routes.split(args.fit_fraction)
+        fit, evaluate, fitted = routes.split(args.fit_fraction, order=args.split)
         result = simulate_ep(evaluate, config, fit_placement(fit, config))
     else:
         fitted = "fitted and evaluated on the same tokens (in-sample; --fit-fraction evaluates out of sample)"
@@ -250,7 +250,7 @@ def _run_ep_load(args: argparse.Namespace, config, bar) -> str:
     bar.set_postfix_str(f"placing experts ({args.placement})")
     groups = layout.n_group or 1
     if args.fit_fraction is not None:
-        fit, evaluate, fitted = split_load_steps(load, args.fit_fraction)
+        fit, evaluate, fitted = split_load_steps(load, args.fit_fraction, order=args.split)
         placement = fit_placement_counts(
             fit.layer_counts(),
             list(fit.layers),
@@ -362,7 +362,7 @@ def run_offload(args: argparse.Namespace, bar) -> str:
 
 
 def run_capacity(args: argparse.Namespace, bar) -> str:
-    from moeviz.whatif.capacity import replay_capacity
+    from moeviz.whatif.capacity import replay_capacity, smallest_cf
 
     _refuse_load_table(args)
     if args.trace is None and args.store is None:
@@ -372,15 +372,32 @@ def run_capacity(args: argparse.Namespace, bar) -> str:
         bar.update()
     routes, notes = _routes(args, bar, loaded)
     bar.set_postfix_str("replaying capacity")
-    result = replay_capacity(routes, args.cf, policy=args.policy, buckets=args.buckets, exact=args.exact)
+    result = replay_capacity(
+        routes,
+        args.cf,
+        policy=args.policy,
+        buckets=args.buckets,
+        exact=args.exact,
+        group_tokens=args.group_tokens,
+    )
+    search = None
+    if args.max_drop is not None:
+        search = smallest_cf(routes, args.max_drop / 100, group_tokens=args.group_tokens, exact=args.exact)
     bar.update()
     payload = {**result.to_json(), "notes": notes}
+    if search is not None:
+        payload["smallest_cf"] = {"max_drop": search.max_drop, "cf": search.cf, "readout": search.readout}
     if args.format == "json":
         return json_text(payload)
     cfs = ", ".join(f"{c:g}" for c in args.cf)
     head = [
-        f"{payload['model']}: {payload['tokens']} tokens in {routes.sequences} sequence(s) (one dispatch "
-        f"group each), {len(routes.layers)} MoE layers; policy {args.policy}, CF {cfs}",
+        f"{payload['model']}: {payload['tokens']} tokens in {routes.sequences} sequence(s) ("
+        + (
+            "one dispatch group each"
+            if args.group_tokens is None
+            else f"groups of {args.group_tokens} tokens"
+        )
+        + f"), {len(routes.layers)} MoE layers; policy {args.policy}, CF {cfs}",
         f"definition: {result.definition}",
     ]
     frame, positions = result.layers_frame(), result.position_frame()
@@ -394,6 +411,8 @@ def run_capacity(args: argparse.Namespace, bar) -> str:
             f"{int(rows.tokens_all_dropped.sum()):,} token-layers lost every slot; drop rate by position "
             "bucket (start -> end of a sequence): " + " ".join(f"{v:.3f}" for v in curve.drop_rate)
         )
+    if search is not None:
+        tail.append(search.readout)
     return _screen(head, frame, tail, notes)
 
 

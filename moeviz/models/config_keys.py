@@ -29,6 +29,13 @@ LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layers", "num_layers", "encoder_laye
 SHARED_EXPERT_KEYS = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")
 # zero-computation (identity) experts the router can choose besides the routed ones
 ZERO_EXPERT_KEYS = ("zero_expert_num",)
+# the factor the routed experts' combination weights are multiplied by (DeepSeek-V2/V3, GLM-4.5, Kimi: 2.5)
+ROUTED_SCALING_KEYS = (
+    "routed_scaling_factor",
+    "router_scaling_factor",
+    "moe_routed_scaling_factor",
+    "moe_router_scaling_factor",
+)
 # a router's attribute name in its MoE block (Switch Transformers and NLLB-MoE call it `classifier`)
 ROUTER_NAMES = ("gate", "router", "wg", "classifier")
 
@@ -42,6 +49,16 @@ def config_int(source: Any, keys: tuple[str, ...]) -> int | None:
         value = source.get(key) if isinstance(source, dict) else getattr(source, key, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
+    return None
+
+
+def config_float(source: Any, keys: tuple[str, ...]) -> float | None:
+    """The first real number among `keys` on `source` (a config, a module, or a config dict); None if none
+    holds one (a key set to None counts as absent). Booleans do not count."""
+    for key in keys:
+        value = source.get(key) if isinstance(source, dict) else getattr(source, key, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
     return None
 
 

@@ -129,7 +129,7 @@ INDICATORS = {
     "max_share": (">", None, None),
     "dead_fraction": (">=", "warning_dead_fraction", "collapsed_dead_fraction"),
     "load_entropy": ("<", "warning_load_entropy", "collapsed_load_entropy"),
-    "z_loss": (">", "warning_z_loss", None),
+    "z_loss": (">", None, None),  # its warning level depends on E: CollapseThresholds.z_loss_threshold
 }
 
 
@@ -276,6 +276,7 @@ def _crossings(collapse: pd.DataFrame, query: StoreQuery, t: CollapseThresholds)
                 ("warning", t.warning_share_factor / e if e else np.nan),
                 ("collapsed", max(t.collapsed_max_share, t.warning_share_factor / e) if e else np.nan),
             ],
+            "z_loss": [("warning", t.z_loss_threshold(e) if e else np.nan)],
         }
         for indicator, (direction, warn, collapsed) in INDICATORS.items():
             pairs = levels.get(indicator) or [

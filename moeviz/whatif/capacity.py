@@ -1,7 +1,9 @@
 """Capacity-factor replay: which routed slots a fixed expert capacity would have dropped.
 
-Capacity per expert C = ceil((T·k / E)·CF) for the T tokens of one dispatch group, here one sequence
-(`moeviz.scoring.expert_capacity`: Megatron's float order, or exact).
+Capacity per expert C = ceil((T·k / E)·CF) for the T tokens of one dispatch group: one sequence, or a batch
+of N consecutive tokens (sequences packed one after another in (seq, pos) order, the last batch shorter), as
+a server that routes a packed batch counts them (`moeviz.scoring.expert_capacity`: Megatron's float order,
+or exact). `smallest_cf` finds the smallest CF (on a grid) whose replay drops less than a given share.
 Policies (`moeviz.scoring.capacity_ranks`): ``probs`` keeps, per over-full expert, the C assignments with the
 largest combination weight (ties → earlier token, then earlier slot); ``position`` keeps the first C arrivals
 in token order (within a token, slot order) — Megatron's stated intent. Slots the model itself dropped (-1)
@@ -42,15 +44,47 @@ class _LayerRanks:
     over: np.ndarray
 
 
-def _rank_layer(layer: LayerRoutes, policy: str, buckets: int, min_cf: float, exact: bool) -> _LayerRanks:
-    """Ranks within each (group, expert) cell; a cell that fits even at the smallest CF never drops at any
-    CF, so only over-full cells are sorted (rank 0 elsewhere): balanced routing sorts almost nothing."""
-    n, k, experts = layer.tokens, layer.k, int(layer.num_experts)
+def _sequences(layer: LayerRoutes) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, lengths) of the layer's sequences: runs of one `seq` in its (seq, pos)-sorted rows."""
+    n = layer.tokens
     starts = np.flatnonzero(np.r_[True, layer.seq[1:] != layer.seq[:-1]]) if n else np.zeros(0, int)
-    lengths = np.diff(np.r_[starts, n])
-    token_group = np.repeat(np.arange(len(starts)), lengths)
-    within = np.arange(n) - np.repeat(starts, lengths)
-    token_bucket = (within * buckets) // np.repeat(lengths, lengths)  # floor(pos / len × buckets)
+    return starts, np.diff(np.r_[starts, n])
+
+
+def _dispatch_groups(layer: LayerRoutes, group_tokens: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(token_group [N], group sizes [G]): one group per sequence (`group_tokens` None), or batches of
+    `group_tokens` consecutive rows in (seq, pos) order, the last one shorter."""
+    n = layer.tokens
+    if group_tokens is None:
+        _, lengths = _sequences(layer)
+        return np.repeat(np.arange(len(lengths)), lengths), lengths
+    token_group = np.arange(n) // group_tokens
+    return token_group, np.bincount(token_group, minlength=-(-n // group_tokens)).astype(np.int64)
+
+
+def _check_group(group_tokens: int | None) -> None:
+    if group_tokens is not None and group_tokens < 1:
+        raise InputError(f"a dispatch group holds at least one token, got {group_tokens}")
+
+
+def _group_words(group_tokens: int | None) -> str:
+    """The dispatch group in words, for definitions and readouts."""
+    if group_tokens is None:
+        return "one sequence"
+    return f"a batch of {group_tokens:,} consecutive tokens (sequences packed in order)"
+
+
+def _rank_layer(
+    layer: LayerRoutes, policy: str, buckets: int, min_cf: float, exact: bool, group_tokens: int | None = None
+) -> _LayerRanks:
+    """Ranks within each (group, expert) cell; a cell that fits even at the smallest CF never drops at any
+    CF, so only over-full cells are sorted (rank 0 elsewhere): balanced routing sorts almost nothing.
+    Position buckets are always within the token's sequence, whatever the dispatch group."""
+    n, k, experts = layer.tokens, layer.k, int(layer.num_experts)
+    starts, seq_lengths = _sequences(layer)
+    within = np.arange(n) - np.repeat(starts, seq_lengths)
+    token_bucket = (within * buckets) // np.repeat(seq_lengths, seq_lengths)  # floor(pos / len × buckets)
+    token_group, lengths = _dispatch_groups(layer, group_tokens)
     flat = layer.experts.reshape(-1)
     valid = flat >= 0
     token = np.repeat(np.arange(n), k)[valid]
@@ -79,6 +113,7 @@ class CapacityResult:
     layers: pd.DataFrame
     experts: pd.DataFrame
     positions: pd.DataFrame
+    group_tokens: int | None = None  # None: one dispatch group per sequence
 
     @property
     def definition(self) -> str:
@@ -88,7 +123,8 @@ class CapacityResult:
             "position": "per over-full expert keep the first C arrivals (token order, then slot order)",
         }[self.policy]
         return (
-            f"C = ceil((T·k/E)·CF) per dispatch group = one sequence (Megatron get_capacity, {order}; "
+            f"C = ceil((T·k/E)·CF) per dispatch group = {_group_words(self.group_tokens)} (Megatron "
+            f"get_capacity, {order}; "
             f"capacity shown = max over groups); {how}; slots the model dropped are not counted"
         )
 
@@ -116,7 +152,10 @@ class CapacityResult:
             }
             for row in self.layers.itertuples()
         ]
-        return {"model": self.model, "tokens": self.tokens, "definition": self.definition, "layers": layers}
+        out = {"model": self.model, "tokens": self.tokens, "definition": self.definition, "layers": layers}
+        if self.group_tokens is not None:  # a sequence per group (the default) adds no key
+            out["group_tokens"] = self.group_tokens
+        return out
 
 
 def replay_capacity(
@@ -125,19 +164,22 @@ def replay_capacity(
     policy: str = "probs",
     buckets: int = 10,
     exact: bool = False,
+    group_tokens: int | None = None,
 ) -> CapacityResult:
-    """Replay every layer's routing under each capacity factor; dispatch group = one sequence."""
+    """Replay every layer's routing under each capacity factor; dispatch group = one sequence, or with
+    `group_tokens` a batch of that many consecutive tokens (sequences packed in order)."""
     if policy not in DROP_POLICIES:
         raise InputError(f"unknown drop policy {policy!r}; choose one of {', '.join(DROP_POLICIES)}")
     if not cfs or any(not cf > 0 for cf in cfs):
         raise InputError(f"capacity factors must be positive, got {list(cfs)}")
     if buckets < 1:
         raise InputError(f"position buckets must be ≥ 1, got {buckets}")
+    _check_group(group_tokens)
     layer_rows, expert_rows = [], []
     pos_assigned = np.zeros((len(cfs), buckets), dtype=np.int64)
     pos_dropped = np.zeros((len(cfs), buckets), dtype=np.int64)
     for layer in routes.layers:
-        ranks = _rank_layer(layer, policy, buckets, min(cfs), exact)
+        ranks = _rank_layer(layer, policy, buckets, min(cfs), exact, group_tokens)
         experts = int(layer.num_experts)
         assigned = np.bincount(ranks.expert, minlength=experts)
         assigned_bucket = np.bincount(ranks.token_bucket[ranks.token], minlength=buckets)
@@ -201,4 +243,115 @@ def replay_capacity(
         layers=pd.DataFrame(layer_rows),
         experts=pd.concat(expert_rows, ignore_index=True),
         positions=positions,
+        group_tokens=group_tokens,
+    )
+
+
+@dataclass(frozen=True)
+class SmallestCF:
+    """`smallest_cf`'s answer: `cf`, the smallest capacity factor on the grid of `step` whose replay drops
+    less than `max_drop` of all assignments (every layer pooled); what it and the grid point below drop."""
+
+    cf: float
+    dropped_fraction: float
+    below_cf: float | None  # cf − step (None when cf is the first grid point)
+    below_dropped_fraction: float | None
+    capacity: int  # the largest C over layers and groups at cf
+    max_drop: float
+    step: float
+    group_tokens: int | None
+    exact: bool
+
+    @property
+    def readout(self) -> str:
+        """One line for the screen and the CLI."""
+        line = (
+            f"The smallest CF (to {self.step:g}) that drops < {self.max_drop:.2%} of the assignments over "
+            f"all layers, with a dispatch group of {_group_words(self.group_tokens)}: {self.cf:g} (drops "
+            f"{self.dropped_fraction:.3%}, capacity up to {self.capacity:,} slots per expert)"
+        )
+        if self.below_cf is not None:
+            line += f"; CF {self.below_cf:g} drops {self.below_dropped_fraction:.3%}"
+        return line + ". Any drop policy drops as many slots: the policy chooses which, not how many."
+
+
+def _cell_counts(routes: Routes, group_tokens: int | None) -> list[tuple[np.ndarray, np.ndarray, int, int]]:
+    """Per layer: (assignments per (group, expert) [G, E], group sizes [G], k, E); slots the model
+    dropped are not counted."""
+    out = []
+    for layer in routes.layers:
+        experts = int(layer.num_experts)
+        token_group, lengths = _dispatch_groups(layer, group_tokens)
+        flat = layer.experts.reshape(-1)
+        valid = flat >= 0
+        cell = token_group[np.repeat(np.arange(layer.tokens), layer.k)[valid]] * experts + flat[valid]
+        counts = np.bincount(cell, minlength=len(lengths) * experts).reshape(len(lengths), experts)
+        out.append((counts, lengths, layer.k, experts))
+    return out
+
+
+def _dropped_at(cells, cf: float, exact: bool) -> tuple[int, int, int]:
+    """(dropped, assigned, largest capacity) at `cf`: Σ over cells of max(0, assigned − C of its group),
+    the count every drop policy drops (`replay_capacity`'s dropped, summed over layers)."""
+    dropped = assigned = peak = 0
+    for counts, lengths, k, experts in cells:
+        caps = expert_capacity(lengths, k, experts, cf, exact)
+        dropped += int(np.maximum(counts - caps[:, None], 0).sum())
+        assigned += int(counts.sum())
+        peak = max(peak, int(caps.max(initial=0)))
+    return dropped, assigned, peak
+
+
+def smallest_cf(
+    routes: Routes,
+    max_drop: float,
+    *,
+    group_tokens: int | None = None,
+    exact: bool = False,
+    step: float = 0.01,
+) -> SmallestCF:
+    """The smallest capacity factor i·`step` (i ≥ 1) whose replay drops less than `max_drop` (a fraction,
+    0 < max_drop ≤ 1) of the valid assignments over all layers. Drops fall as CF grows (each group's C =
+    ceil((T·k/E)·CF) never shrinks), so a binary search over the grid finds it; each probe counts the drops
+    exactly as `replay_capacity` does. The grid ends where every cell fits (nothing drops)."""
+    if not 0.0 < max_drop <= 1.0:
+        raise InputError(f"the drop share must be in (0, 1], got {max_drop}: nothing drops less than 0")
+    if not step > 0:
+        raise InputError(f"the CF step must be positive, got {step}")
+    _check_group(group_tokens)
+    cells = _cell_counts(routes, group_tokens)
+
+    def grid(i: int) -> float:
+        return round(i * step, 10)  # prints as the decimal it is: exact rounding reads CF by its repr
+
+    def fraction(i: int) -> float:
+        dropped, assigned, _ = _dropped_at(cells, grid(i), exact)
+        return dropped / assigned if assigned else 0.0
+
+    # nothing drops once C ≥ the fullest cell of every group: CF ≥ max_e n / (T·k/E); +1 for float order
+    need = max(
+        (float((counts.max(axis=1) / np.maximum(lengths * k / experts, 1e-12)).max(initial=0.0)))
+        for counts, lengths, k, experts in cells
+    )
+    hi = max(1, int(np.ceil(need / step)) + 1)
+    while fraction(hi) >= max_drop:  # never more than once or twice: `need` already fits every cell
+        hi *= 2
+    lo = 0  # grid point 0 (CF 0) stands for "drops too much"
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fraction(mid) < max_drop:
+            hi = mid
+        else:
+            lo = mid
+    dropped, assigned, capacity = _dropped_at(cells, grid(hi), exact)
+    return SmallestCF(
+        cf=grid(hi),
+        dropped_fraction=dropped / assigned if assigned else 0.0,
+        below_cf=grid(lo) if lo else None,
+        below_dropped_fraction=fraction(lo) if lo else None,
+        capacity=capacity,
+        max_drop=float(max_drop),
+        step=float(step),
+        group_tokens=group_tokens,
+        exact=exact,
     )

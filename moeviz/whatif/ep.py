@@ -26,9 +26,11 @@ Definitions (docs/deployment-whatifs.md, "Expert parallelism"):
 - Modelled All-to-All time per layer (moeviz's model, not an anchor's): each GPU sends its intra-node bytes
   at `nvlink_gbps` and its inter-node bytes (per-GPU dedup) at `internode_gbps`, one after the other; the
   slowest GPU finishes the collective, so a2a = 2 × max_g (intra_g / nvlink + inter_g / internode)
-  (dispatch + combine). Compute time = max_g load_g · expert_flops_per_token / (gpu_tflops · 1e12)
-  (the busiest GPU holds the layer back). comm_share = a2a / (a2a + compute); NaN without a compute model
-  (expert_flops_per_token = 0). Bandwidths are GB/s (1e9 bytes/s) per GPU, one direction.
+  (dispatch + combine). Bandwidth only: no per-message latency (each transfer's fixed setup cost, a few
+  µs over RDMA), so many small messages are timed too short.
+  Compute time = max_g load_g · expert_flops_per_token / (gpu_tflops · 1e12) (the busiest GPU holds the
+  layer back). comm_share = a2a / (a2a + compute); NaN without a compute model (expert_flops_per_token = 0).
+  Bandwidths are GB/s (1e9 bytes/s) per GPU, one direction.
 - A load table (an engine's expert counts without tokens, `moeviz.trace.load.ExpertLoad`):
   `simulate_ep_load` places the experts (contiguous or eplb) and gives each GPU's load and ep_balancedness,
   equal to `simulate_ep`'s on the same routing with the `even` replica rule; the traffic and time columns
@@ -57,7 +59,8 @@ MESSAGE_DTYPES = ("bf16", "fp8")
 
 DEFINITION = (
     "DeepEP dispatch (once per destination GPU; combine = dispatch), load = (token, expert) assignments, "
-    "ep_balancedness mean/max per layer (SGLang) and ep_balancedness_over_layers Σmean/Σmax (vLLM)"
+    "ep_balancedness mean/max per layer (SGLang) and ep_balancedness_over_layers Σmean/Σmax (vLLM); "
+    "All-to-All time = bytes ÷ link bandwidth, no per-message latency"
 )
 
 
@@ -581,20 +584,26 @@ def gpu_load_from_counts(counts: np.ndarray, phy2log: np.ndarray, gpus: int) -> 
     return per_slot.reshape(gpus, -1).sum(axis=1)
 
 
-def split_load_steps(load, fit_fraction: float):
-    """(fit, evaluate, how): the first steps of a load table to fit a placement on, the rest to judge it
-    on (as `Routes.split` splits by sequence). InputError for one step."""
+def split_load_steps(load, fit_fraction: float, order: str = "shuffled", seed: int = 0):
+    """(fit, evaluate, how): steps of a load table to fit a placement on, the rest to judge it on, drawn
+    as `Routes.split` draws sequences (`order` shuffled with `seed`, or the first ones). InputError for one
+    step."""
     from dataclasses import replace
+
+    from moeviz.whatif.routes import SPLIT_ORDERS, fit_units, split_label
 
     if not 0.0 < fit_fraction < 1.0:
         raise InputError(f"fit fraction must be in (0, 1), got {fit_fraction}")
+    if order not in SPLIT_ORDERS:
+        raise InputError(f"unknown split order {order!r}; choose one of {', '.join(SPLIT_ORDERS)}")
     steps = load.counts.shape[0]
     if steps < 2:
         raise InputError("a load table of one step cannot be split into a fit part and an evaluation part")
-    cut = max(1, min(steps - 1, round(steps * fit_fraction)))
-    fit = replace(load, counts=load.counts[:cut], steps=load.steps[:cut])
-    rest = replace(load, counts=load.counts[cut:], steps=load.steps[cut:])
-    return fit, rest, f"fitted on steps 0–{cut - 1}, evaluated on steps {cut}–{steps - 1} of the load table"
+    fitted = fit_units(np.arange(steps), fit_fraction, order, seed)
+    rest = np.setdiff1d(np.arange(steps), fitted)
+    fit_part = replace(load, counts=load.counts[fitted], steps=[load.steps[i] for i in fitted])
+    rest_part = replace(load, counts=load.counts[rest], steps=[load.steps[i] for i in rest])
+    return fit_part, rest_part, split_label(len(fitted), steps, "steps of the load table", order, seed)
 
 
 @dataclass(frozen=True)

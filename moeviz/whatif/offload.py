@@ -394,10 +394,11 @@ def hit_rate_curve(
     routes: Routes,
     caches: Sequence[int],
     policies: Sequence[str] = POLICIES,
-    expert_bytes: int = 1,
+    expert_bytes: int | None = None,
 ) -> pd.DataFrame:
     """Hit rate against cache size per policy. Columns: policy, cache, hit_rate (Σ hits / Σ |R_s| over all
-    layers), layer_mean_hit_rate, misses, bytes."""
+    layers), layer_mean_hit_rate, misses, and bytes (misses × `expert_bytes`) when `expert_bytes` is given:
+    without it there is no bytes column (a default of 1 byte once filled it with the miss count)."""
     prep = _prepare(routes)
     rows = []
     for policy in policies:
@@ -406,7 +407,7 @@ def hit_rate_curve(
                 prep,
                 int(cache),
                 policy,
-                expert_bytes=int(expert_bytes),
+                expert_bytes=int(expert_bytes or 0),
                 bandwidth_gbps=16.0,
                 step_time_s=None,
             )
@@ -419,7 +420,7 @@ def hit_rate_curve(
                     "hit_rate": result.hit_rate,
                     "layer_mean_hit_rate": float(per_layer.mean()),
                     "misses": misses,
-                    "bytes": misses * int(expert_bytes),
+                    **({} if expert_bytes is None else {"bytes": misses * int(expert_bytes)}),
                 }
             )
     return pd.DataFrame(rows)

@@ -86,23 +86,48 @@ def set_recall(predicted: np.ndarray, actual: np.ndarray, num_experts: int) -> n
 def prefetch_recall(
     loaded: LoadedModel,
     *,
-    text: str | None = None,
-    token_ids: Sequence[int] | None = None,
+    text: str | Sequence[str] | None = None,
+    token_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
     offset: int = 1,
     trace_out: list[Trace] | None = None,
 ) -> pd.DataFrame:
     """Recall of predicting MoE layer ℓ+offset's experts from layer ℓ's router input, one row per predicted
     layer: layer (ℓ+offset), from_layer (ℓ), site, recall, tokens. `offset` counts MoE layers (1 = the next
     MoE layer; 0 = a layer's own router on its own input, a sanity check that gives 1 where the recomputed
-    selection matches the model's). One sequence, one forward; `trace_out`, if given, receives the capture."""
+    selection matches the model's). The input is one sequence or several (`text` a list, or `token_ids` a
+    list of sequences: the evaluation corpus): one forward per sequence (no padding rows), recall the mean
+    over every sequence's tokens. `trace_out`, if given, receives each sequence's capture."""
     if offset < 0:
         raise InputError(f"prefetch offset must be >= 0, got {offset}")
-    ids = token_batch(loaded, text, None if token_ids is None else [list(token_ids)])[0]
+    hits: dict[tuple[int, int, str], list[float]] = {}  # (layer, from_layer, site) -> [Σ recall, tokens]
+    for ids in token_batch(loaded, text, token_ids):
+        for key, (total, tokens) in _sequence_recall(loaded, ids, offset, trace_out).items():
+            sums = hits.setdefault(key, [0.0, 0])
+            sums[0] += total
+            sums[1] += tokens
+    rows = [
+        {
+            "layer": layer,
+            "from_layer": from_layer,
+            "site": site,
+            "recall": total / tokens if tokens else float("nan"),
+            "tokens": int(tokens),
+        }
+        for (layer, from_layer, site), (total, tokens) in hits.items()
+    ]
+    return pd.DataFrame(rows, columns=["layer", "from_layer", "site", "recall", "tokens"])
+
+
+def _sequence_recall(
+    loaded: LoadedModel, ids: list[int], offset: int, trace_out: list[Trace] | None
+) -> dict[tuple[int, int, str], tuple[float, int]]:
+    """One sequence, one forward: per predicted layer (layer, from_layer, site) → (Σ recall over its
+    tokens, tokens)."""
     with recording_router_inputs(loaded) as inputs:
         trace = capture(loaded, token_ids=[ids])
     if trace_out is not None:
         trace_out.append(trace)
-    rows = []
+    out = {}
     for i, site in enumerate(loaded.sites):
         j = i + offset
         if j >= len(loaded.sites) or loaded.sites[j].site != site.site or len(inputs[i]) != 1:
@@ -115,13 +140,5 @@ def prefetch_recall(
         predicted = predict_experts(nxt, actual, hidden[keep])
         order = np.argsort(actual.token_rows)
         recall = set_recall(predicted, actual.experts[order], actual.num_experts)
-        rows.append(
-            {
-                "layer": nxt.layer,
-                "from_layer": site.layer,
-                "site": site.site,
-                "recall": float(recall.mean()) if len(recall) else float("nan"),
-                "tokens": len(recall),
-            }
-        )
-    return pd.DataFrame(rows, columns=["layer", "from_layer", "site", "recall", "tokens"])
+        out[(nxt.layer, site.layer, site.site)] = (float(recall.sum()), len(recall))
+    return out

@@ -192,7 +192,8 @@ class QuantResult:
 
     layers: one row per MoE layer (layer, site, dtype, target, flip_rate, top1_agreement, tokens);
     margins: per layer and quartile of the original margin; flips: one row per token whose set changed;
-    delta_logprob: mean over the sequence of log p_q(x_{t+1}) − log p(x_{t+1}) (NaN for encoder-decoders);
+    delta_logprob: mean over the sequences' positions of log p_q(x_{t+1}) − log p(x_{t+1}) (NaN for
+    encoder-decoders);
     bytes: model bytes per format (the targeted weights at that format plus scales, the rest at bf16).
     """
 
@@ -340,38 +341,52 @@ def _next_token_logprob(loaded: LoadedModel, ids: list[int]) -> np.ndarray:
     return logp.gather(1, target[:, None])[:, 0].cpu().numpy()
 
 
+BATCH = 8  # sequences per forward: the app routes the evaluation corpus in batches of 8 windows too
+
+
+def _capture_in_batches(loaded: LoadedModel, batch: list[list[int]]) -> Trace:
+    """The routing of every sequence of `batch`, BATCH sequences a forward (bounded activations), in one
+    trace with the sequences numbered in order."""
+    parts = [capture(loaded, token_ids=batch[i : i + BATCH]) for i in range(0, len(batch), BATCH)]
+    return parts[0] if len(parts) == 1 else Trace.concat(parts)
+
+
 def quantisation_flips(
     loaded: LoadedModel,
     *,
-    text: str | None = None,
-    token_ids: Sequence[int] | None = None,
+    text: str | Sequence[str] | None = None,
+    token_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
     dtype: str = "int8",
     target: str = "experts",
     progress: Callable[[float, str], None] | None = None,
 ) -> QuantResult:
-    """Route one sequence (`text` or `token_ids`) through the original and a copy with the `target` weights
-    fake-quantised to `dtype`, and compare the routing per MoE layer. `loaded.model` is never modified."""
+    """Route the input (`text`, or `token_ids`: one sequence, or a list of sequences such as the
+    evaluation corpus) through the original and a copy with the `target` weights fake-quantised to `dtype`,
+    and compare the routing per MoE layer; delta_logprob is the mean over every sequence's next-token
+    positions. `loaded.model` is never modified."""
     if dtype not in DTYPES:
         raise InputError(f"unknown quantisation dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    ids = token_batch(loaded, text, None if token_ids is None else [list(token_ids)])[0]
+    batch = token_batch(loaded, text, token_ids)
     report = progress or (lambda _f, _m: None)
     report(0.0, f"fake-quantising the {target} weights to {dtype}")
     quantised, targets = quantised_copy(loaded, dtype, target)
     report(0.2, "routing the original model")
-    before = capture(loaded, token_ids=[ids])
+    before = _capture_in_batches(loaded, batch)
     report(0.45, "routing the quantised model")
-    after = capture(quantised, token_ids=[ids])
+    after = _capture_in_batches(quantised, batch)
     delta = float("nan")
-    if not (loaded.is_encoder_decoder or loaded.is_token_classifier) and len(ids) > 1:
+    scored = [ids for ids in batch if len(ids) > 1]
+    if not (loaded.is_encoder_decoder or loaded.is_token_classifier) and scored:
         report(0.7, "next-token log-probabilities")
-        delta = float((_next_token_logprob(quantised, ids) - _next_token_logprob(loaded, ids)).mean())
+        deltas = [_next_token_logprob(quantised, ids) - _next_token_logprob(loaded, ids) for ids in scored]
+        delta = float(np.concatenate(deltas).mean())
     layers, margins, flips = _frames(before, after, dtype, target)
     report(1.0, "done")
     return QuantResult(
         model=loaded.info.source,
         dtype=dtype,
         target=target,
-        tokens=len(ids),
+        tokens=sum(len(ids) for ids in batch),
         layers=layers,
         margins=margins,
         flips=flips,

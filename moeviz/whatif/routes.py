@@ -94,28 +94,51 @@ class Routes:
                 return routes
         raise KeyError(f"no MoE layer {layer} in these routes")
 
-    def split(self, fit_fraction: float = 0.5) -> tuple[Routes, Routes, str]:
-        """(fit, evaluate, how): the first sequences to fit a placement on, the rest to judge it on.
+    def split(
+        self, fit_fraction: float = 0.5, order: str = "shuffled", seed: int = 0
+    ) -> tuple[Routes, Routes, str]:
+        """(fit, evaluate, how): a part of the routing to fit a placement on, the rest to judge it on.
 
         With several sequences the split is by sequence (no sequence on both sides); with one it is by
-        position (the first `fit_fraction` of its tokens). `how` says which, for the screen."""
+        token. `order` "shuffled" draws the fit part at random (numpy's default_rng(`seed`)): a corpus lists
+        its sequences domain by domain, so the first half would fit on some domains and judge on others;
+        "ordered" takes the first `fit_fraction` (the past, to judge on the future). `how` names the split,
+        for the screen."""
         if not 0.0 < fit_fraction < 1.0:
             raise InputError(f"fit fraction must be in (0, 1), got {fit_fraction}")
+        if order not in SPLIT_ORDERS:
+            raise InputError(f"unknown split order {order!r}; choose one of {', '.join(SPLIT_ORDERS)}")
         ids = np.unique(self.layers[0].seq)
-        if len(ids) >= 2:
-            cut = ids[max(1, min(len(ids) - 1, round(len(ids) * fit_fraction)))]
-            fit = [r.take(r.seq < cut) for r in self.layers]
-            rest = [r.take(r.seq >= cut) for r in self.layers]
-            how = f"fitted on sequences 0–{cut - 1}, evaluated on sequences {cut}–{ids[-1]}"
-        else:
-            n = self.tokens
-            if n < 2:
-                raise InputError("one token cannot be split into a fit part and an evaluation part")
-            cut = max(1, min(n - 1, round(n * fit_fraction)))
-            fit = [r.take(np.arange(r.tokens) < cut) for r in self.layers]
-            rest = [r.take(np.arange(r.tokens) >= cut) for r in self.layers]
-            how = f"fitted on tokens 0–{cut - 1}, evaluated on tokens {cut}–{n - 1}"
+        by_sequence = len(ids) >= 2
+        units = ids if by_sequence else np.unique(self.layers[0].pos)
+        if len(units) < 2:
+            raise InputError("one token cannot be split into a fit part and an evaluation part")
+        fitted = fit_units(units, fit_fraction, order, seed)
+        column = "seq" if by_sequence else "pos"
+        fit = [r.take(np.isin(getattr(r, column), fitted)) for r in self.layers]
+        rest = [r.take(~np.isin(getattr(r, column), fitted)) for r in self.layers]
+        what = "sequences" if by_sequence else "tokens of the one sequence"
+        how = split_label(len(fitted), len(units), what, order, seed)
         return replace(self, layers=fit), replace(self, layers=rest), how
+
+
+SPLIT_ORDERS = ("shuffled", "ordered")
+
+
+def fit_units(units: np.ndarray, fit_fraction: float, order: str, seed: int) -> np.ndarray:
+    """The units (sequence ids, positions, steps) of the fit part, ascending: round(n · fraction) of them,
+    at least one on each side; drawn by default_rng(seed) or the first ones."""
+    cut = max(1, min(len(units) - 1, round(len(units) * fit_fraction)))
+    if order == "ordered":
+        return np.asarray(units[:cut])
+    return np.sort(np.random.default_rng(seed).permutation(units)[:cut])
+
+
+def split_label(fitted: int, total: int, what: str, order: str, seed: int) -> str:
+    """How a fit/evaluate split was drawn, in words: "fitted on 4 of 8 sequences drawn at random (seed 0),
+    evaluated on the other 4"."""
+    drawn = f"drawn at random (seed {seed})" if order == "shuffled" else "in order (the first ones)"
+    return f"fitted on {fitted} of {total} {what} {drawn}, evaluated on the other {total - fitted}"
 
 
 def routes_from_trace(trace: Trace, site: str | None = None) -> Routes:
@@ -153,6 +176,20 @@ def routes_from_trace(trace: Trace, site: str | None = None) -> Routes:
             "transfer): they are left out of the simulation, like slots the model dropped"
         )
     return Routes(model=trace.model.source, layers=layers, source="trace", notes=notes)
+
+
+def sequence_token_ids(trace: Trace) -> list[list[int]]:
+    """Each sequence's token ids in position order (the input stream; an encoder-decoder's encoder side), to
+    run the model again on the input a trace routed (the evaluation corpus, for quantisation and prefetch).
+    InputError when the trace does not record them (an engine import without token ids)."""
+    tokens = trace.tokens
+    if "stream" in tokens and len(tokens):
+        tokens = tokens[tokens["stream"] == tokens["stream"].iloc[0]]
+    tokens = tokens.sort_values(["seq", "pos"], kind="stable")
+    ids = tokens["token_id"].to_numpy(dtype=np.int64)
+    if len(ids) == 0 or (ids < 0).any():
+        raise InputError(f"{trace.model.source}: the routing does not record every token id: nothing to run")
+    return [group.tolist() for _, group in tokens.groupby("seq", sort=True)["token_id"]]
 
 
 def routes_from_store(

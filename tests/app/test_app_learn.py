@@ -3,8 +3,6 @@ numbers equal an independent computation on the same text (torch, numpy and the 
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -14,41 +12,16 @@ from streamlit.testing.v1 import AppTest
 import moeviz
 from moeviz.analysis import loss_frame
 from moeviz.charts import token_options
-from tests.support.app import app_importable, app_test_env, run_page
-
-PAGE = "pages/learn.py"
-HEALTHY, BIASED = "sample:mixtral-healthy", "sample:deepseek-v3-bias"
-
-
-@pytest.fixture(autouse=True)
-def _app_env(monkeypatch):
-    app_test_env(monkeypatch)
-
-
-@pytest.fixture(scope="module")
-def ui():
-    """`components.learn` (the lesson text and samples), imported as the page imports it."""
-    with pytest.MonkeyPatch.context() as mp:
-        app_importable(mp)
-        from components import learn
-
-        return learn
-
-
-@pytest.fixture(scope="module")
-def traces(ui):
-    """The lesson text routed through each sample, captured here (not through the app)."""
-    sources = {HEALTHY, BIASED, *ui.COLLAPSE_SAMPLES.values()}
-    return {source: moeviz.capture(moeviz.load_model(source), ui.LESSON_TEXT) for source in sources}
-
-
-def chart_rows(at: AppTest, title: str) -> pd.DataFrame:
-    """The rows of the one chart whose spec contains `title` (its first dataset, shipped as Arrow)."""
-    import pyarrow as pa
-
-    specs = [(c, json.dumps(json.loads(c.proto.spec), ensure_ascii=False)) for c in at.get("vega_lite_chart")]
-    (chart,) = [c for c, spec in specs if title in spec]
-    return pa.ipc.open_stream(chart.proto.datasets[0].data.data).read_all().to_pandas()
+from tests.support.app import run_page
+from tests.support.learn import (  # noqa: F401  (fixtures: pytest finds them in the module)
+    BIASED,
+    HEALTHY,
+    PAGE,
+    _app_env,
+    chart_rows,
+    traces,
+    ui,
+)
 
 
 def metric(at: AppTest, label: str) -> str:
@@ -75,8 +48,8 @@ STEP_CHARTS = {
     "top_k": "Top-2: the first",
     "load": "Expert load, MoE layer 0",
     "aux": "Terms E·f_e·P_e, MoE layer 0",
-    "collapse": "Load per expert, MoE layer 0",
-    "bias": "Load with and without the bias, MoE layer 1",
+    "collapse": "Load per expert, MoE layer",  # opens where the three differ most
+    "bias": "Load with and without the bias, MoE layer",  # opens where the bias matters most
     "shared": "each expert processes, layer 1",
     "deployment": None,
 }
@@ -189,7 +162,7 @@ def test_aux_loss_step_equals_the_library_loss(traces) -> None:
 
 
 def test_collapse_step_shows_the_three_samples_on_one_text(traces, ui) -> None:
-    at = run_page(PAGE, learn_step="collapse")
+    at = run_page(PAGE, learn_step="collapse", learn_collapse_layer="0")
     for layer in (0, 1):
         if layer:
             at.select_slider(key="learn_collapse_layer_widget").set_value(str(layer)).run()
@@ -224,7 +197,7 @@ def unbiased_recount(routing) -> tuple[int, np.ndarray]:
 
 def test_bias_step_counts_the_tokens_the_bias_moves(traces) -> None:
     trace = traces[BIASED]
-    at = run_page(PAGE, learn_step="bias")
+    at = run_page(PAGE, learn_step="bias", learn_bias_layer="1")
     counts = []
     for layer in (1, 3):
         if layer != 1:

@@ -21,6 +21,12 @@ import pytest
 import moeviz
 from moeviz.analysis import AUX_LOSS_FORMS, aux_loss_frame, balance_frame, loss_frame
 from moeviz.analysis.balance import ep_balancedness_over_layers, trace_device_load
+from moeviz.analysis.lesson import (
+    collapse_contrast_layer,
+    collapse_layers,
+    largest_aux_layer,
+    most_uneven_layer,
+)
 from moeviz.analysis.losses import loss_stats
 from tests.support.app import app_importable, app_test_env, local_switch_model, run_page
 
@@ -103,13 +109,17 @@ def test_learn_load_entropy_and_aux_loss_are_the_librarys(lesson, monkeypatch) -
         for source in {lesson.HEALTHY, *lesson.COLLAPSE_SAMPLES.values()}
     }
     healthy = traces[lesson.HEALTHY]
-    site, layer = healthy.layer_keys[0]  # every step starts on the first MoE layer
 
     at = run_page("pages/learn.py", learn_step="load")
+    site, layer = most_uneven_layer(healthy)  # the step opens where the load is least even
     entropy = balance_frame(healthy).set_index(["site", "layer"]).loc[(site, layer), "load_entropy"]
     assert metric(at, "Load entropy").value == f"{entropy:.3f}"
 
     at = run_page("pages/learn.py", learn_step="collapse")
+    # the step opens where the trainings differ most (`collapse_contrast_layer`)
+    site, layer = collapse_contrast_layer(
+        collapse_layers({name: traces[source] for name, source in lesson.COLLAPSE_SAMPLES.items()})
+    )
     for name, source in lesson.COLLAPSE_SAMPLES.items():
         entropy = (
             balance_frame(traces[source]).set_index(["site", "layer"]).loc[(site, layer), "load_entropy"]
@@ -117,6 +127,7 @@ def test_learn_load_entropy_and_aux_loss_are_the_librarys(lesson, monkeypatch) -
         assert metric(at, f"{name}: load entropy").value == f"{entropy:.2f}", name
 
     at = run_page("pages/learn.py", learn_step="aux")
+    site, layer = largest_aux_layer(healthy)  # the step opens on the largest aux loss relative to k
     routing = healthy.layer(layer, site)
     want = loss_frame(healthy).set_index(["site", "layer"]).loc[(site, layer), "aux_loss_topk"]
     assert metric(at, "Aux loss L, top-k form").value == f"{want:.4f}"

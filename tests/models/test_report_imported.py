@@ -164,7 +164,7 @@ def test_ep_on_a_load_table_equals_ep_on_the_capture(capsys, files, monkeypatch)
     split = whatif(
         capsys, "ep", "--model", MODEL, "--trace", str(files["load"]), *EP, "--fit-fraction", "0.5"
     )
-    assert split["same_data"] is False and "fitted on steps 0–1" in split["fit"]
+    assert split["same_data"] is False and "fitted on 2 of 3 steps" in split["fit"]
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,7 @@ def test_split_never_shares_a_sequence(store_and_trace):
 
 def test_split_of_one_sequence_is_by_position(sample_model):
     routes = routes_from_trace(moeviz.capture(sample_model, "one sequence of a few tokens to split"))
-    fit, rest, how = routes.split(0.25)
+    fit, rest, how = routes.split(0.25, order="ordered")
     assert "tokens" in how and fit.tokens == round(routes.tokens * 0.25)
     assert fit.layers[0].pos.max() < rest.layers[0].pos.min()
     with pytest.raises(InputError, match="fit fraction"):

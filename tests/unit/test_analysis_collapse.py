@@ -104,7 +104,7 @@ def test_router_warnings_bias_and_z_loss():
     assert big_bias.reasons == ["balancing bias |b| up to 6.00 > 5"]
     logits = np.full((80, 8), 12.0, np.float32)  # balanced dispatch, but logsumexp = 12 + log 8 → z ≈ 198.2
     hot = layer_verdict(top1_layer(counts, logits=logits))
-    assert hot.verdict is Verdict.WARNING and hot.reasons[0].startswith("router z-loss 198.2 > 100")
+    assert hot.verdict is Verdict.WARNING and hot.reasons[0].startswith("router z-loss 198.2 > 101.6")
     assert layer_verdict(top1_layer(counts, logits=logits - 8)).verdict is Verdict.HEALTHY
 
 

@@ -190,11 +190,11 @@ def test_what_needs_tokens_is_refused_for_counts():
         simulate_ep_load(
             load, EPConfig(gpus=2, gpus_per_node=2, placement="eplb", redundant=2, replica="vllm")
         )
-    fit, rest, how = split_load_steps(load, 0.5)
+    fit, rest, how = split_load_steps(load, 0.5, order="ordered")
     assert (fit.steps, rest.steps, how) == (
         ["0"],
         ["1"],
-        "fitted on steps 0–0, evaluated on steps 1–1 of the load table",
+        "fitted on 1 of 2 steps of the load table in order (the first ones), evaluated on the other 1",
     )
     with pytest.raises(InputError, match="one step cannot be split"):
         split_load_steps(_load(np.full((1, 1, 8), 5)), 0.5)
