@@ -12,7 +12,6 @@ from torch import nn
 
 from moeviz.attention import AttentionCapture, AttentionLayer, LinearAttentionLayer
 from moeviz.capture.attention import AttentionRecorder
-from moeviz.errors import CaptureError
 from moeviz.models.attention import kv_geometry, no_map_reason
 
 
@@ -39,11 +38,10 @@ def build_attention(
     config = model.config
     for layer in list(by_layer):
         calls = by_layer.pop(layer)
-        if len(calls) != 1:
-            raise CaptureError(
-                f"attention layer {layer} ran {len(calls)} times in one forward; expected once "
-                f"({', '.join(sorted({c.module for c in calls}))})"
-            )
+        if len(calls) != 1:  # a looped block (Inkling-2-Loop) or two attentions in one block: no one map
+            modules = ", ".join(sorted({c.module for c in calls}))
+            no_map[layer] = f"attention ran {len(calls)} times in one forward ({modules}): no map"
+            continue
         call = calls[0]
         layers[layer] = AttentionLayer(
             layer=layer,

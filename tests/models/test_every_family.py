@@ -209,3 +209,16 @@ def test_a_token_classifier_is_captured_but_refuses_what_needs_next_tokens(tiny_
         moeviz.capture(loaded, token_ids=[[3, 4, 5]], generate=2)
     with pytest.raises(InputError, match="counterfactual routing needs next-token predictions"):
         counterfactual(loaded, token_ids=[3, 4, 5, 6], interventions=[DisableExpert(expert=1, layer=0)])
+
+
+def test_a_looped_model_captures_with_attention_and_says_which_layers_have_no_map(tiny_model_dir):
+    """The app captures attention with the routing: Inkling-2-Loop's attention runs several times per layer
+    (its block-attention residuals, the loop's passes), so those layers get no map, with the reason, and the
+    routing is captured as without attention."""
+    loaded = moeviz.load_model(tiny_model_dir("inkling2_loop_text"))
+    ids = [list(range(3, 20))]
+    with_attention = moeviz.capture(loaded, token_ids=ids, attention=True)
+    assert any("times in one forward" in reason for reason in with_attention.attention.no_map.values())
+    plain = moeviz.capture(loaded, token_ids=ids)
+    for a, b in zip(with_attention.layers, plain.layers, strict=True):
+        np.testing.assert_array_equal(a.experts, b.experts)
