@@ -45,6 +45,10 @@ def test_reasons_and_losses_are_readable_in_the_browser(app_url, browser: Browse
         wait_until_idle(page)
         charts_drawn(page)
         assert_no_error(page)
+        # the reasons and notes sit in collapsible sections (a summary line first): open the closed ones
+        for summary in page.locator(".st-key-verdict_reasons details:not([open]) > summary").all():
+            summary.click()
+        wait_until_idle(page)
         items = page.eval_on_selector_all(
             ".st-key-verdict_reasons li li",
             "els => els.map(e => [e.innerText.trim(), e.scrollWidth, e.clientWidth])",
