@@ -21,7 +21,7 @@ from moeviz.analysis import (
     loss_frame,
     trace_device_load,
 )
-from moeviz.analysis.balance import load_balance_frame, load_device_load
+from moeviz.analysis.balance import load_balance_frame, load_device_load, routed_counts
 from moeviz.analysis.collapse import CollapseReport, CollapseThresholds, LayerVerdict, load_collapse_report
 from moeviz.trace import ExpertLoad, Trace
 
@@ -225,7 +225,7 @@ def _trace_notes(trace: Trace) -> tuple[str, ...]:
     zero = [r for r in trace.layers if r.zero_experts]
     if zero:
         slots = sum(r.experts.size for r in zero)
-        skipped = sum(int((r.experts >= r.routed_experts).sum()) for r in zero)
+        skipped = sum(routed_counts(r)[1] for r in zero)
         notes.append(
             f"{zero[0].zero_experts} zero-computation expert(s) per layer: {skipped / slots:.1%} of the "
             "slots went there (compute skipped); loads, dead experts and balance count the routed experts"
