@@ -79,3 +79,47 @@ class EngineFormatError(MoevizError):
     """A file of engine routing (`moeviz import`) is not what its format's engine writes, or encodes routing
     that cannot be real (a token without exactly k distinct experts in [0, E), a shape the model's config
     contradicts, token ids that do not match its rows)."""
+
+
+class StoreError(MoevizError):
+    """The store folder is unusable: not a store, corrupt or foreign files, or a mismatched resume."""
+
+
+class RunFileError(StoreError):
+    """A run's run.json cannot be trusted: not a regular file, not JSON, damaged, or not of its schema."""
+
+
+class SettingsError(MoevizError):
+    """A `MOEVIZ_*` variable is set to a value moeviz cannot use."""
+
+
+class LayoutError(NotMoEModelError):
+    """The model's MoE layers differ in a way the importers do not handle (e.g. layers with different
+    expert counts), or the model is an encoder-decoder (no engine serves one)."""
+
+
+class VllmError(MoevizError):
+    """vLLM could not give the routing: its environment is missing or broken, the worker died or hung, vLLM
+    cannot run the model, or its router has no capture seam."""
+
+
+class InterventionError(MoevizError):
+    """An intervention cannot be applied: unknown layer or expert, or a family whose dispatch moeviz
+    cannot rewrite."""
+
+
+class NoEffectError(InterventionError):
+    """The interventions cannot change anything on this input (e.g. disabling an expert no token of it is
+    dispatched to): refused before the forward that would only report Δ = 0."""
+
+
+class LabBusy(MoevizError):
+    """The server already runs as many lab trainings (or as much lab memory) as it allows."""
+
+
+class LabTooLarge(MoevizError):
+    """A lab run would need more memory than the server allows lab runs altogether."""
+
+
+class SnippetError(InputError):
+    """A view's choices that no snippet can reproduce (an uploaded file has no path to read it from)."""

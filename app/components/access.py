@@ -41,6 +41,11 @@ def folder_inside(text: str, kind: Kind) -> Path:
     roots = allowed_roots(kind)
     if roots is None or (kind == "model" and folder in _LAB_FOLDERS):
         return folder
+    if not roots:
+        variable = "MOEVIZ_MODEL_DIRS" if kind == "model" else "MOEVIZ_STORE_DIRS"
+        raise FolderNotAllowedError(
+            f"this server opens no local {kind} folders ({variable} is set but names none)"
+        )
     if not _inside(folder, roots):
         allowed = ", ".join(str(root) for root in roots)
         raise FolderNotAllowedError(f"{folder} is outside the {kind} folders this server may open: {allowed}")
@@ -102,7 +107,9 @@ def allow_lab_folder(folder: Path) -> None:
 def roots_hint(kind: Kind) -> str:
     """A widget help text: where folders of `kind` may be opened from."""
     roots = allowed_roots(kind)
-    return "Any local folder." if roots is None else "Inside: " + ", ".join(map(str, roots))
+    if roots is None:
+        return "Any local folder."
+    return "Inside: " + ", ".join(map(str, roots)) if roots else "No local folder: this server opens none."
 
 
 def default_model() -> str:

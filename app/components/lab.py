@@ -34,7 +34,7 @@ from streamlit.runtime import Runtime
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from components import access
-from moeviz.lab import PRESETS, LabBusy, LabConfig, LabRunner
+from moeviz.lab import PRESETS, LabBusy, LabConfig, LabRunner, LabTooLarge
 
 RUNNER = "lab_runner"  # st.session_state: the session's LabRunner (or absent)
 MESSAGE = "lab_message"  # st.session_state: (kind, text) to show once above the run
@@ -247,7 +247,8 @@ def _drop() -> None:
 
 def start(config: LabConfig) -> None:
     """Button callback: stop the session's previous run (kept for the runs view) and start a new one with
-    `config`; on LabBusy (the server's limit of concurrent trainings) a message instead."""
+    `config`; on LabBusy (the server's limit of concurrent trainings or of their memory) or LabTooLarge a
+    message instead."""
     sweep()
     previous = runner()
     _drop()
@@ -256,7 +257,7 @@ def start(config: LabConfig) -> None:
     new = LabRunner(config)
     try:
         new.start()
-    except LabBusy as exc:
+    except (LabBusy, LabTooLarge) as exc:
         st.session_state[MESSAGE] = ("busy", str(exc))
         return
     st.session_state[RUNNER] = new

@@ -4,7 +4,7 @@ import functools
 from dataclasses import asdict, fields
 
 import streamlit as st
-from components import exports
+from components import exports, finetune, presentation
 from components import lab as runs
 from components.widgets import keep
 
@@ -16,8 +16,10 @@ from moeviz.charts.lab import (
     lab_runs_chart,
 )
 from moeviz.errors import InputError
-from moeviz.lab import PRESETS, LabConfig
+from moeviz.lab import PRESETS, LabConfig, max_runs
+from moeviz.lab.budget import gib, memory_budget, memory_estimate
 from moeviz.lab.curves import CURVE_METRICS, MAX_SMOOTHING, runs_curves, with_smoothed
+from moeviz.lab.data import lab_corpus
 from moeviz.samples import DOMAINS
 
 DEFAULTS = LabConfig()
@@ -88,6 +90,7 @@ SMALL_METRICS = ("load_entropy", "dead_experts_window_sum", "z_loss")  # the row
 VIEWS = ("This run", "All runs")
 VIEW, SMOOTHING, HIDDEN_RUNS = "lab_view", "lab_smoothing", "lab_hidden_runs"
 SLIDER_WIDTH = 180  # px of the smoothing slider: with the view's buttons and the layer, one row at 1280 px
+SCRUBBER_WIDTH = 360  # px of the snapshot's step scrubber in the projector layout
 SCRUB = "lab_scrub"  # (run name, step) of the load snapshot; absent or another run's: the run's end
 
 
@@ -250,11 +253,14 @@ def _polling_every(state: str | None) -> float | None:
     return {"idle": 1.0, "running": 1.0, "paused": 2.0}.get(state or "")
 
 
-def _chart(chart, key: str) -> None:
+def _chart(chart, key: str, size: str) -> None:
     """A live chart, its labels kept and themed as `exports.show_chart` draws them, without its "Save chart"
-    popover (five of them would push the curves off a 720 px screen; the chart's own menu saves a PNG)."""
+    popover (five of them would push the curves off a 720 px screen; the chart's own menu saves a PNG); its
+    height is `size`'s in the layout now on (`presentation.HEIGHTS`)."""
+    chart = chart.properties(height=presentation.height(size))
     exports.keep_labels(chart)
     exports.for_the_page(chart)
+    presentation.larger_fonts(chart)
     with st.container(key=key):
         st.altair_chart(chart, width="stretch", key=f"{key}_chart")
 
@@ -333,16 +339,28 @@ def this_run(
     shown = with_smoothed(history, ["train_loss", *SMALL_METRICS], smoothing)
     done = int(history["step"].max()) if len(history) else 0
     main, small, snapshot_row = st.container(), st.container(), st.container()
-    with snapshot_row:  # drawn below, read first: the load chart marks the snapshot's step
-        scrubber, snapshot = st.columns([1, 2], gap="medium", vertical_alignment="center")
-        with scrubber:
-            step = _scrubber(name, config.steps, done)
-        if step:
-            with snapshot:
-                _chart(lab_load_snapshot_chart(load, layer, step, config.experts), "lab_load_snapshot")
+    if (
+        presentation.projector()
+    ):  # one screen: the small curves and the snapshot two by two, its scrubber below
+        left, right = small.columns(2, gap="medium")
+        # containers made in reading order: the snapshot is drawn first, yet sits last
+        *small_columns, snapshot = (left.container(), right.container(), left.container(), right.container())
+        scrubber = snapshot_row.container(width=SCRUBBER_WIDTH)
+    else:
+        small_columns = small.columns(len(SMALL_METRICS), gap="medium")
+        scrubber, snapshot = snapshot_row.columns([1, 2], gap="medium", vertical_alignment="center")
+    with scrubber:  # drawn below the curves, read first: the load chart marks the snapshot's step
+        step = _scrubber(name, config.steps, done)
+    if step:
+        with snapshot:
+            _chart(
+                lab_load_snapshot_chart(load, layer, step, config.experts),
+                "lab_load_snapshot",
+                "lab_snapshot",
+            )
     left, right = main.columns(2, gap="medium")
     with left:
-        _chart(lab_loss_chart(shown, steps=config.steps, collapse_step=collapse_step), "lab_loss")
+        _chart(lab_loss_chart(shown, steps=config.steps, collapse_step=collapse_step), "lab_loss", "lab_main")
     with right:
         chart = lab_load_chart(
             load,
@@ -352,9 +370,9 @@ def this_run(
             collapse_step=collapse_step,
             marked_step=step if 0 < step < done else None,
         )
-        _chart(chart, "lab_load")
+        _chart(chart, "lab_load", "lab_main")
     even = 1.0 if config.experts > 1 else None  # the normalised load entropy of an even load
-    for column, metric in zip(small.columns(3, gap="medium"), SMALL_METRICS, strict=True):
+    for column, metric in zip(small_columns, SMALL_METRICS, strict=True):
         with column:
             chart = lab_metric_chart(
                 shown,
@@ -363,8 +381,9 @@ def this_run(
                 collapse_step=collapse_step,
                 reference=even if metric == "load_entropy" else None,
             )
-            _chart(chart, f"lab_{metric}")
-    st.caption(
+            _chart(chart, f"lab_{metric}", "lab_small")
+    # on a projector the curves come first: their explanation one click away
+    (st.expander("What the curves show") if presentation.projector() else st.container()).caption(
         "**Load entropy**: of each layer's load over its experts, normalised by log E, mean over the layers "
         "(1 = even, 0 = one expert takes every token). **Dead experts**: experts that got no token in "
         "the last steps, summed over the layers. **Router z-loss**: mean over tokens of "
@@ -417,7 +436,7 @@ def all_runs(history, smoothing: float) -> None:
                     smoothed=bool(smoothing),
                     reference=1.0 if metric == "load_entropy" else None,
                 )
-                _chart(chart, f"lab_runs_{metric}")
+                _chart(chart, f"lab_runs_{metric}", "lab_runs")
     row = st.container(horizontal=True, gap="small")
     row.download_button(
         "Curves (.csv)",
@@ -540,8 +559,18 @@ with settings:
     if problem:
         st.error(problem)
 with view:
+    if max_runs() == 0:
+        st.info("The Lab is disabled on this server (`MOEVIZ_LAB_MAX_RUNS=0`).", icon=":material/block:")
+        st.stop()
     buttons(config, state)
     if message is not None:
         st.warning(f"{message[1]}", icon=":material/hourglass_top:")
+    if config is not None and state not in LOCKED:
+        need = memory_estimate(config, lab_corpus().vocab_size)
+        st.caption(f"Memory this run needs: {need.describe()}, of {gib(memory_budget())} for lab runs here.")
+    if (ended := runs.runner()) is not None and ended.note:
+        st.info(ended.note, icon=":material/timer_off:")
     finished(state)
     st.fragment(run_every=_polling_every(state))(live)()
+st.divider()
+finetune.section()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -31,6 +32,8 @@ from moeviz.analysis.losses import aux_loss_dispatched, router_probs, top_k_indi
 from moeviz.errors import InputError
 from moeviz.scoring import (
     SCORE_FUNCTIONS,
+    BiasOn,
+    ScoreFn,
     capacity_ranks,
     expert_capacity,
     scores_from_logits,
@@ -53,13 +56,13 @@ class RerouteSettings:
 
     k: int
     temperature: float = 1.0
-    score_fn: str = "softmax"
+    score_fn: ScoreFn = "softmax"
     bias: np.ndarray | None = None
     capacity_factor: float | None = None
     renormalise: bool = True
     scale: float = 1.0
     group_limit: bool = True
-    bias_on: str = "scores"
+    bias_on: BiasOn = "scores"
 
     @classmethod
     def captured(cls, routing: LayerRouting) -> RerouteSettings:
@@ -142,15 +145,49 @@ def check_settings(routing: LayerRouting, settings: RerouteSettings) -> None:
         raise InputError(f"temperature {settings.temperature}: it must be a positive number")
     if settings.bias is not None:
         bias = np.asarray(settings.bias)
-        if bias.shape != (e,) or not np.isfinite(bias).all():
-            raise InputError(
-                f"bias: expected {e} finite numbers (one per expert), got shape {list(bias.shape)}"
-            )
+        if bias.shape != (e,):
+            raise InputError(f"bias: expected {e} numbers (one per expert), got shape {list(bias.shape)}")
+        parse_bias(bias.tolist(), e)
     cf = settings.capacity_factor
     if cf is not None and not (math.isfinite(cf) and cf > 0):
         raise InputError(f"capacity factor {cf}: it must be a positive number (or none, for no capacity)")
     if not (math.isfinite(settings.scale) and settings.scale > 0):
         raise InputError(f"weight scale {settings.scale}: it must be a positive number")
+
+
+def parse_bias(values: Sequence[object], num_experts: int) -> list[float]:
+    """One balancing bias per expert from the values as given (numbers, or text a table cell holds; None for
+    an empty cell), as floats. InputError naming the first expert whose value is not a finite number, and
+    that value."""
+    if len(values) != num_experts:
+        raise InputError(f"bias: expected one number per expert ({num_experts}), got {len(values)}")
+    parsed = []
+    for expert, value in enumerate(values):
+        number = _finite_number(value)
+        if number is None:
+            if value is None or (isinstance(value, str) and not value.strip()):
+                raise InputError(f"bias of expert {expert} is empty: give a finite number (0 for none)")
+            shown = repr(value) if isinstance(value, str) else str(value)
+            shown = shown if len(shown) <= 40 else shown[:37] + "…"
+            raise InputError(f"bias of expert {expert}: {shown} is not a finite number")
+        parsed.append(number)
+    return parsed
+
+
+def _finite_number(value: object) -> float | None:
+    """`value` as a finite float (a real number, or text that spells one); None otherwise."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            return None
+    elif isinstance(value, (int, float, np.integer, np.floating)):
+        number = float(value)
+    else:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _capacity_drops(

@@ -34,7 +34,9 @@ def run_app(streamlit_args: Sequence[str]) -> int:
     """Replace this process with `streamlit run <app>/streamlit_app.py ...` (Streamlit's env config applies);
     the app is the checkout's app/ or, installed from a wheel, the copy inside the package."""
     from moeviz.resources import bundled_path
+    from moeviz.settings import current_settings
 
+    current_settings()  # a MOEVIZ_* value the app cannot use stops here (exit 2), not on a page later
     extra = list(streamlit_args)
     if extra and extra[0] == "--":
         extra = extra[1:]

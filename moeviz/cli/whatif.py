@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
+import sys
 from pathlib import Path
 from typing import Any
 
-from moeviz.cli.flags import add_model_flags, add_prompt_inputs
+from moeviz.cli.flags import add_model_flags, add_prompt_inputs, prompt_inputs
 from moeviz.errors import InputError
 
 DEFAULT_CFS = "1.0,1.25,1.5,2.0"
@@ -53,7 +55,8 @@ def add_parser(commands: Any) -> None:
         type=int,
         default=0,
         metavar="R",
-        help="redundant expert slots (replicas), a multiple of --gpus as EPLB requires (default 0)",
+        help="redundant expert slots (replicas): E + R a multiple of --gpus, as EPLB requires, R at most "
+        "E*(G-1) and E + R at most 65536 (512 for traffic) (default 0)",
     )
     cluster.add_argument(
         "--placement",
@@ -175,7 +178,10 @@ def add_parser(commands: Any) -> None:
         "(Megatron's default), position = the first arrivals (default probs)",
     )
     drop.add_argument(
-        "--buckets", type=int, default=10, help="position buckets of the drop curve (default 10)"
+        "--buckets",
+        type=int,
+        default=10,
+        help="position buckets of the drop curve, at most the tokens replayed (default 10)",
     )
     drop.add_argument(
         "--exact",
@@ -287,14 +293,19 @@ def run_whatif(args: argparse.Namespace) -> int:
     run = SIMULATORS[args.whatif]
 
     hf_logging.disable_progress_bar()  # one progress bar: ours
+    args.routing_warnings = []  # `whatif_runs` adds capture's warning on non-finite router scores
     with progress_bar(total=3, desc=f"moeviz whatif {args.whatif}", unit="step") as bar:
         text = run(args, bar)
     print(text)
+    for message in args.routing_warnings:  # after the result, as `capture` and `report` print it
+        print(f"moeviz: warning: {message}", file=sys.stderr)
     return 0
 
 
 def _check_values(args: argparse.Namespace) -> None:
     """Flag values that cannot work, refused (InputError, exit 2) before the model loads."""
+    if args.trace is None and args.store is None:
+        prompt_inputs(args)  # an empty --text, an unreadable or oversized --text-file: before the load
     if getattr(args, "generate", 0) < 0:
         raise InputError(f"--generate must be >= 0, got {args.generate}")
     if args.trace is not None and not args.trace.is_file():
@@ -306,16 +317,18 @@ def _check_values(args: argparse.Namespace) -> None:
     if args.whatif == "ep":  # EPConfig checks the cluster flags (built before the model loads)
         if args.fit_fraction is not None and not 0.0 < args.fit_fraction < 1.0:
             raise InputError(f"--fit-fraction must be between 0 and 1 (exclusive), got {args.fit_fraction}")
+        if args.redundant < 0:
+            raise InputError(f"--redundant must be >= 0, got {args.redundant}")
     elif args.whatif == "offload":
         if args.cache < 1:
             raise InputError(f"--cache must be >= 1, got {args.cache}")
-        if not args.bandwidth > 0:
-            raise InputError(f"--bandwidth must be > 0 GB/s, got {args.bandwidth}")
-        if args.step_time is not None and not args.step_time >= 0:
-            raise InputError(f"--step-time must be >= 0 seconds, got {args.step_time}")
+        if not (math.isfinite(args.bandwidth) and args.bandwidth > 0):
+            raise InputError(f"--bandwidth must be a finite number > 0 GB/s, got {args.bandwidth}")
+        if args.step_time is not None and not (math.isfinite(args.step_time) and args.step_time >= 0):
+            raise InputError(f"--step-time must be a finite number >= 0 seconds, got {args.step_time}")
     elif args.whatif == "capacity":
         args.cf = _capacity_factors(args.cf)
-        if args.buckets < 1:
+        if args.buckets < 1:  # the upper bound, the tokens replayed, is checked once they are read
             raise InputError(f"--buckets must be >= 1, got {args.buckets}")
         if args.group_tokens is not None and args.group_tokens < 1:
             raise InputError(f"--group-tokens must be >= 1, got {args.group_tokens}")
@@ -330,7 +343,7 @@ def _capacity_factors(text: str) -> list[float]:
         raise InputError(f"--cf takes comma-separated numbers, e.g. {DEFAULT_CFS}; got {text!r}") from None
     if not cfs:
         raise InputError("--cf is empty")
-    bad = [cf for cf in cfs if not cf > 0]
+    bad = [cf for cf in cfs if not (math.isfinite(cf) and cf > 0)]
     if bad:
-        raise InputError(f"--cf: a capacity factor must be > 0, got {bad[0]}")
-    return cfs
+        raise InputError(f"--cf: a capacity factor must be > 0 and finite, got {bad[0]}")
+    return list(dict.fromkeys(cfs))  # a repeated CF once: each would be replayed and totalled again

@@ -69,14 +69,24 @@ def _routes(args: argparse.Namespace, bar, loaded=None):
         routes = routes_from_trace(trace)
     if args.trace is not None or args.store is not None:
         notes += _model_mismatch(routes, loaded)
+    _warn_non_finite(args, routes)
     bar.update()
     return routes, notes
 
 
-def _is_load_table(path) -> bool:
-    from moeviz.trace.load import LOAD_FORMAT, read_moeviz_meta
+def _warn_non_finite(args: argparse.Namespace, routes) -> None:
+    """Keep capture's warning on router scores that are not finite (in a trace file, a store run or a fresh
+    capture alike) for `run_whatif` to print after the result: the replayed experts mean nothing there."""
+    if routes.non_finite:
+        from moeviz.capture.forward import non_finite_warning
 
-    return read_moeviz_meta(path).get("format") == LOAD_FORMAT
+        vars(args).setdefault("routing_warnings", []).append(non_finite_warning(routes.non_finite))
+
+
+def _is_load_table(path) -> bool:
+    from moeviz.trace.load import LOAD_FORMATS, read_moeviz_meta
+
+    return read_moeviz_meta(path).get("format") in LOAD_FORMATS
 
 
 def _refuse_load_table(args: argparse.Namespace) -> None:

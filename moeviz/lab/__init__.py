@@ -6,7 +6,7 @@ No Streamlit here: the Lab page drives these.
 """
 
 from moeviz.lab.config import PRESETS, LabConfig
-from moeviz.lab.runner import MAX_RUNS, LabBusy, LabRunner, max_runs
+from moeviz.lab.runner import MAX_RUNS, LabBusy, LabRunner, LabTooLarge, max_runs
 from moeviz.lab.train import HISTORY_COLUMNS, LOAD_COLUMNS, LabRun
 
 __all__ = [
@@ -18,5 +18,6 @@ __all__ = [
     "LabConfig",
     "LabRun",
     "LabRunner",
+    "LabTooLarge",
     "max_runs",
 ]

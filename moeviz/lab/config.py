@@ -13,6 +13,7 @@ from moeviz.errors import InputError
 
 MAX_EXPERTS = 64
 MAX_STEPS = 5_000  # also bounds the memory of a run's history
+MAX_TRAINED_TOKENS = 10_000_000  # steps × batch × seq: the time one run may hold a server's cores
 HEADS = 4  # attention heads (d_model must be a multiple of 2 · HEADS: RoPE rotates pairs)
 
 
@@ -124,6 +125,12 @@ def _check(config: LabConfig) -> None:
         raise InputError(
             f"lab: k must be at most the number of experts ({config.experts}), got {config.k}"
             + (" (experts = 1 is the dense model: k = 1)" if config.experts == 1 else "")
+        )
+    trained = config.steps * config.batch * config.seq
+    if trained > MAX_TRAINED_TOKENS:
+        raise InputError(
+            f"lab: steps × batch × sequence length = {trained:,} tokens; a lab run trains on at most "
+            f"{MAX_TRAINED_TOKENS:,} (fewer steps, a smaller batch or shorter sequences)"
         )
     if config.d_model % (2 * HEADS):
         raise InputError(

@@ -341,6 +341,14 @@ class LabRun:
             columns=LOAD_COLUMNS,
         )
 
+    def release_training_state(self) -> None:
+        """Drop the gradients and AdamW's moments (3/4 of a run's parameter memory) once it ends: the weights
+        stay for the other pages; `step()` after this fails."""
+        with self._lock:
+            self.model.zero_grad(set_to_none=True)
+            self.optimizer.state.clear()
+            self.optimizer = None
+
     # -- training --------------------------------------------------------------------------------------
     def step(self) -> dict:
         """Train on the next batch; the history row of this step."""

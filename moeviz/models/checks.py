@@ -20,6 +20,7 @@ from moeviz.errors import (
     NotAModelFolderError,
     UnsafeWeightsError,
 )
+from moeviz.models.config_check import check_config_fields, read_config_json, transformers_config_error
 from moeviz.models.config_keys import EXPERT_COUNT_KEYS, LAYER_COUNT_KEYS, STRICT_TOP_K_KEYS, layer_index
 from moeviz.models.safetensors_headers import read_safetensors_header
 
@@ -53,21 +54,19 @@ def check_regular_files(folder: Path) -> None:
 def read_config(folder: Path, trust_remote_code: bool):
     """The folder's config as transformers reads it, refused (with the reason) when config.json is not a JSON
     object, transformers cannot build it, or it declares sizes no model can have."""
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
-    try:
-        raw = json.loads((folder / "config.json").read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
-        raise NotAModelFolderError(f"{folder}/config.json is not valid JSON ({reason})") from exc
-    if not isinstance(raw, dict):
-        raise NotAModelFolderError(f"{folder}/config.json is not a JSON object")
+    raw = read_config_json(folder)
+    check_config_fields(folder, raw)  # before transformers: its strict validation raises, not refuses
     try:
         config = AutoConfig.from_pretrained(
             folder, local_files_only=True, trust_remote_code=trust_remote_code
         )
+    except (StrictDataclassError, RecursionError) as exc:
+        raise transformers_config_error(folder, exc) from exc
     except ValueError as exc:
-        builtin = None if trust_remote_code else _builtin_config_for(raw)
+        builtin = None if trust_remote_code else _builtin_config_for(folder, raw)
         if builtin is None:
             hint = (
                 ""
@@ -84,10 +83,11 @@ def read_config(folder: Path, trust_remote_code: bool):
     return config
 
 
-def _builtin_config_for(raw: dict):
+def _builtin_config_for(folder: Path, raw: dict):
     """A config whose model_type transformers does not know but whose architecture it has built in (Kimi K2
     ships `model_type: kimi_k2` with remote code for what is `DeepseekV3ForCausalLM`): read it with the
     built-in config class instead of running the folder's code."""
+    from huggingface_hub.errors import StrictDataclassError
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -97,9 +97,14 @@ def _builtin_config_for(raw: dict):
         stem = architecture.split("For")[0].lower()
         candidates.sort(key=lambda t: t.replace("_", "").replace("-", "") != stem)
         model_type = candidates[0] if candidates else None
-        if model_type in CONFIG_MAPPING:
+        if model_type is not None and model_type in CONFIG_MAPPING:
+            config_class = CONFIG_MAPPING[model_type]
             fields = {k: v for k, v in raw.items() if k not in ("model_type", "auto_map")}
-            return CONFIG_MAPPING[model_type].from_dict(fields)
+            check_config_fields(folder, {**fields, "model_type": model_type})  # by the class it is read into
+            try:
+                return config_class.from_dict(fields)
+            except (StrictDataclassError, RecursionError) as exc:
+                raise transformers_config_error(folder, exc) from exc
     return None
 
 

@@ -84,6 +84,8 @@ def _parse_header(name: str, raw: bytes, data_size: int) -> dict[str, dict[str, 
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
         raise CorruptWeightsError(f"{name} has a corrupt header (not JSON: {reason})") from exc
+    except RecursionError:  # the parser recurses once per level: ~1,000 nested arrays exhaust the stack
+        raise CorruptWeightsError(f"{name} has a corrupt header (JSON nested too deeply)") from None
     if not isinstance(header, dict):
         raise CorruptWeightsError(f"{name} has a corrupt header: the header is not a JSON object")
     entries = {k: v for k, v in header.items() if k != "__metadata__"}

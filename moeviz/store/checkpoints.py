@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from moeviz.analysis.collapse import CollapseThresholds
+from moeviz.analysis.collapse import CollapseThresholds, judges_z_loss
 from moeviz.errors import InputError
 from moeviz.store.layout import StoreError, slug
 from moeviz.store.query import StoreQuery
@@ -271,12 +271,15 @@ def _crossings(collapse: pd.DataFrame, query: StoreQuery, t: CollapseThresholds)
     for (site, layer), group in collapse.groupby(["site", "layer"], sort=True):
         group = group.sort_values("order")
         e = next((int(v["num_experts"]) for k, v in meta.items() if k[2:] == (site, layer)), 0)
+        score_fn = next((v.get("score_fn") for k, v in meta.items() if k[2:] == (site, layer)), None)
+        # sigmoid routers are not trained with a z-loss: no threshold of theirs
+        z_levels = [("warning", t.z_loss_threshold(e) if e else np.nan)] if judges_z_loss(score_fn) else []
         levels = {
             "max_share": [
                 ("warning", t.warning_share_factor / e if e else np.nan),
                 ("collapsed", max(t.collapsed_max_share, t.warning_share_factor / e) if e else np.nan),
             ],
-            "z_loss": [("warning", t.z_loss_threshold(e) if e else np.nan)],
+            "z_loss": z_levels,
         }
         for indicator, (direction, warn, collapsed) in INDICATORS.items():
             pairs = levels.get(indicator) or [

@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moeviz.errors import MoevizError
+from moeviz.errors import StoreError
+from moeviz.store.run_file import read_run_file
 from moeviz.trace import pid_alive, writing_atomically
 
 STORE_FORMAT = "moeviz.store/1"
@@ -55,10 +56,6 @@ PART_FIELDS = {"batch": int, "file": str, "rows": int, "bytes": int, "tokens": i
 _PART_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\.parquet$")
 _TEMP_PID = re.compile(r"^\..+\.(\d+)\.tmp$")
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
-
-
-class StoreError(MoevizError):
-    """The store folder is unusable: not a store, corrupt or foreign files, or a mismatched resume."""
 
 
 def check_label(label: str, what: str) -> str:
@@ -97,7 +94,10 @@ def init_store(root: Path) -> Path:
     marker = root / STORE_FILE
     if root.exists() and not root.is_dir():
         raise StoreError(f"store {root} exists and is not a folder")
-    if root.is_dir() and not marker.is_file() and any(root.iterdir()):
+    # another writer creating the same store has made the folder and is writing the marker's temp file
+    marker_temp = f".{STORE_FILE}."
+    foreign = [p for p in root.iterdir() if not p.name.startswith(marker_temp)] if root.is_dir() else []
+    if not marker.is_file() and foreign:
         raise StoreError(f"{root} is a non-empty folder that is not a moeviz store (no {STORE_FILE})")
     root.mkdir(parents=True, exist_ok=True)
     if not marker.is_file():
@@ -351,11 +351,7 @@ def list_runs(root: Path) -> list[RunInfo]:
 
 def read_run(folder: Path) -> RunInfo:
     """The run in `folder` (`run_dir(store, model, checkpoint)`): its run.json and completed parts."""
-    run_json = folder / RUN_FILE
-    try:
-        config = json.loads(run_json.read_text())
-    except json.JSONDecodeError as exc:
-        raise StoreError(f"{run_json} is not valid JSON: {exc}") from exc
+    config = read_run_file(folder / RUN_FILE)
     model = folder.parent.name.removeprefix("model=")
     checkpoint = folder.name.removeprefix("checkpoint=")
     return RunInfo(model, checkpoint, folder, config, read_manifest(folder / MANIFEST_FILE))

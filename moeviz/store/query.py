@@ -218,6 +218,7 @@ class StoreQuery:
                 thresholds,
                 layers=int(layers_per_run[(record["model"], record["checkpoint"])]),
                 sequence_lengths=seq_lengths.get(key, []),
+                score_fn=meta.get(key, {}).get("score_fn"),
             )
             rows.append(
                 {

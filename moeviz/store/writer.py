@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import queue
 import sys
 import threading
@@ -38,6 +37,7 @@ from moeviz.store.layout import (
     write_manifest,
 )
 from moeviz.store.plan import Batch, corpus_fingerprint, iter_batches, token_hash
+from moeviz.store.run_file import read_run_file, run_file_bytes
 from moeviz.store.schema import trace_table
 
 # settings that must match for --resume to continue a run (anything else would mix two different runs)
@@ -113,7 +113,7 @@ def check_run(
             f"store {store} already holds model {model!r} checkpoint {checkpoint!r}: pass --resume to "
             "continue it, or use another --out / --label"
         )
-    old = json.loads(run_file.read_text())
+    old = read_run_file(run_file)
     changed = [key for key in RESUME_KEYS if old.get(key) != config.get(key)]
     if changed:
         diffs = ", ".join(f"{key}: {old.get(key)!r} → {config.get(key)!r}" for key in changed)
@@ -143,7 +143,7 @@ def prepare_run(
     run_file = folder / RUN_FILE
     folder.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(folder)  # temp files of a killed run (never those of a live writer)
-    atomic_write_bytes(run_file, json.dumps(config, indent=1, sort_keys=True).encode())
+    atomic_write_bytes(run_file, run_file_bytes(config))
     manifest = folder / MANIFEST_FILE
     done = read_manifest(manifest)
     damaged = {b: problem for b, entry in done.items() if (problem := check_part(folder, entry))}
@@ -173,11 +173,11 @@ def finish_run(folder: Path, total_batches: int, layers: list[dict[str, Any]] | 
     """Record the plan's length (the run is complete once every batch is in the manifest) and the layers;
     returns the run."""
     run_file = folder / RUN_FILE
-    config = json.loads(run_file.read_text())
+    config = read_run_file(run_file)
     config["total_batches"] = total_batches
     if layers is not None:
         config["layers"] = layers
-    atomic_write_bytes(run_file, json.dumps(config, indent=1, sort_keys=True).encode())
+    atomic_write_bytes(run_file, run_file_bytes(config))
     return read_run(folder)
 
 

@@ -8,7 +8,7 @@ re-exported here: import them from `moeviz.trace`.
 """
 
 from moeviz.trace.atomic import pid_alive, remove_stale_partials, writing_atomically
-from moeviz.trace.load import LOAD_FORMAT, ExpertLoad, read_routing_file
+from moeviz.trace.load import LOAD_FORMAT, LOAD_FORMATS, ExpertLoad, read_routing_file
 from moeviz.trace.model import Trace
 from moeviz.trace.parquet import READABLE_FORMATS, TRACE_FORMAT
 from moeviz.trace.records import (
@@ -22,6 +22,7 @@ from moeviz.trace.records import (
 
 __all__ = [
     "LOAD_FORMAT",
+    "LOAD_FORMATS",
     "READABLE_FORMATS",
     "ROUTING_COLUMNS",
     "TOKEN_COLUMNS",

@@ -6,7 +6,7 @@ went where (SGLang's `stat` and `per_pass` expert-distribution dumps, MoE-Infini
 passes, sequences or one sum). Its tidy frame (`frame()`: step, layer, site, expert, count) is what the
 balance indicators, the collapse verdicts and the expert-parallel what-if read; there is no token axis, so
 nothing that needs one (scores, margins, sequences, per-token views) applies. It round-trips to Parquet
-(format `moeviz.load/1`).
+(format `moeviz.load/2`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,14 @@ import numpy as np
 import pandas as pd
 
 from moeviz.errors import TraceFormatError
+from moeviz.trace import validate
 from moeviz.trace.atomic import writing_atomically
+from moeviz.trace.parquet import TRACE_FORMAT
 from moeviz.trace.records import ModelInfo
 
-LOAD_FORMAT = "moeviz.load/1"
+LOAD_FORMAT = "moeviz.load/2"  # 2: version 1 with the metadata's SHA-256 and page checksums
+LOAD_FORMATS = ("moeviz.load/1", LOAD_FORMAT)
+_HASHED = (LOAD_FORMAT, TRACE_FORMAT)  # formats whose metadata must carry its SHA-256
 LOAD_COLUMNS = ["step", "layer", "site", "expert", "count"]
 
 
@@ -75,7 +79,7 @@ class ExpertLoad:
         )[LOAD_COLUMNS]
 
     def to_parquet(self, path: str | Path) -> Path:
-        """Write the load table to one Parquet file, atomically (format `moeviz.load/1`)."""
+        """Write the load table to one Parquet file, atomically (format `moeviz.load/2`)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -89,47 +93,71 @@ class ExpertLoad:
             "steps": list(self.steps),
             "num_experts": self.num_experts,
         }
-        table = table.replace_schema_metadata({b"moeviz": json.dumps(meta)})
+        raw = json.dumps(meta).encode()
+        table = table.replace_schema_metadata(
+            {validate.META_KEY: raw, validate.HASH_KEY: validate.metadata_hash(raw)}
+        )
         path = Path(path)
         with writing_atomically(path) as handle:
-            pq.write_table(table, handle, compression="zstd")
+            pq.write_table(table, handle, compression="zstd", write_page_checksum=True)
         return path
 
     @classmethod
     def from_parquet(cls, path: str | Path) -> ExpertLoad:
-        """Read a load table written by `to_parquet`; TraceFormatError for anything else."""
-        import pyarrow.parquet as pq
+        """Read a load table written by `to_parquet`, validated before it is trusted
+        (`moeviz.trace.validate`); TraceFormatError for anything else."""
+        import pyarrow as pa
 
         path = Path(path)
-        meta = read_moeviz_meta(path)
-        if meta.get("format") != LOAD_FORMAT:
-            raise TraceFormatError(f"{path}: format {meta.get('format')!r}, expected {LOAD_FORMAT!r}")
-        counts = pq.read_table(path, columns=["count"]).column("count").to_numpy()
-        shape = (len(meta["steps"]), len(meta["layers"]), int(meta["num_experts"]))
-        if counts.size != int(np.prod(shape)):
-            raise TraceFormatError(f"{path}: {counts.size} counts, the metadata describes {shape}")
+        footer = validate.open_footer(path)
+        meta = read_moeviz_meta(path, footer)
+        if meta.get("format") not in LOAD_FORMATS:
+            raise TraceFormatError(
+                f"{path}: format {meta.get('format')!r}, expected one of {list(LOAD_FORMATS)}"
+            )
+        keys = {"format", "model", "layers", "top_k", "source", "steps", "num_experts"}
+        validate.require(
+            path, "metadata", set(meta) == keys, f"expected the keys {sorted(keys)}, got {sorted(meta)}"
+        )
+        model = validate.model_info(path, meta["model"])
+        layers, steps = meta["layers"], meta["steps"]
+        validate.require(
+            path, "layers", isinstance(layers, list) and len(layers) > 0, "expected a list of blocks"
+        )
+        for index, layer in enumerate(layers):
+            validate.checked_int(path, f"layers[{index}]", layer)
+        validate.require(
+            path, "steps", isinstance(steps, list) and len(steps) > 0, "expected a list of labels"
+        )
+        validate.require(path, "steps", all(isinstance(s, str) for s in steps), "expected strings")
+        experts = validate.checked_int(path, "num_experts", meta["num_experts"], 1, validate.MAX_EXPERTS)
+        top_k = validate.checked_int(path, "top_k", meta["top_k"], 1, experts)
+        validate.require(path, "source", isinstance(meta["source"], str), "expected a string")
+        shape = (len(steps), len(layers), experts)
+        rows = int(np.prod(shape))
+        validate.check_footer(path, footer, rows=rows, columns={"count": "integer"}, needs=rows * 16)
+        try:
+            table = footer.read(columns=["count"])
+        except (OSError, pa.ArrowException) as exc:  # a page whose CRC does not match, a damaged page
+            raise TraceFormatError(f"{path}: a damaged data page ({exc})") from exc
+        validate.no_nulls(path, table, ["count"])
+        counts = table.column("count").to_numpy().astype(np.int64)
+        validate.require(path, "count", counts.size == 0 or counts.min() >= 0, "a negative count")
         return cls(
-            model=ModelInfo(**meta["model"]),
-            counts=counts.reshape(shape).astype(np.int64),
-            layers=[int(x) for x in meta["layers"]],
-            top_k=int(meta["top_k"]),
-            source=str(meta["source"]),
-            steps=[str(x) for x in meta["steps"]],
+            model=model,
+            counts=counts.reshape(shape),
+            layers=list(layers),
+            top_k=top_k,
+            source=meta["source"],
+            steps=list(steps),
         )
 
 
-def read_moeviz_meta(path: Path) -> dict:
-    """The `moeviz` metadata of a Parquet file written by moeviz (a trace or a load table)."""
-    import pyarrow.parquet as pq
-
-    try:
-        schema = pq.read_schema(path)
-    except Exception as exc:  # pyarrow raises several types for non-Parquet input
-        raise TraceFormatError(f"{path}: not a readable Parquet file ({exc})") from exc
-    raw = (schema.metadata or {}).get(b"moeviz")
-    if raw is None:
-        raise TraceFormatError(f"{path}: a Parquet file, but not written by moeviz (no 'moeviz' metadata)")
-    return json.loads(raw)
+def read_moeviz_meta(path: Path, footer=None) -> dict:
+    """The `moeviz` metadata of a Parquet file written by moeviz (a trace or a load table), as a dict, its
+    integrity hash verified (`moeviz.trace.validate.read_metadata`)."""
+    footer = validate.open_footer(path) if footer is None else footer
+    return validate.read_metadata(path, footer, hashed=lambda fmt: fmt in _HASHED)
 
 
 def read_routing_file(path: str | Path):
@@ -138,6 +166,6 @@ def read_routing_file(path: str | Path):
     from moeviz.trace.model import Trace
 
     path = Path(path)
-    if read_moeviz_meta(path).get("format") == LOAD_FORMAT:
+    if read_moeviz_meta(path).get("format") in LOAD_FORMATS:
         return ExpertLoad.from_parquet(path)
     return Trace.from_parquet(path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from moeviz.trace.records import (
+    CAPTURE_SOURCES,
     ROUTING_COLUMNS,
     TOKEN_COLUMNS,
     LayerRouting,
@@ -23,6 +25,11 @@ from moeviz.trace.records import (
     ModelInfo,
     absent,
 )
+
+PREVIEW_TOKENS = 24  # tokens of the first sequence shown under a trace's notebook view
+# decision_source of moeviz's own captures; any other names the engine format the routing was imported from
+OWN_SOURCES = CAPTURE_SOURCES
+LEFT = "style='text-align:left'"  # notebooks centre or right-align table cells by default
 
 
 @dataclass
@@ -61,7 +68,8 @@ class Trace:
         renumbered in order, each layer's rows appended."""
         if not traces:
             raise ValueError("nothing to concatenate")
-        token_parts, layers, offset_rows, offset_seq = [], {}, 0, 0
+        token_parts, offset_rows, offset_seq = [], 0, 0
+        layers: dict[tuple[str, int], list[tuple[LayerRouting, int]]] = {}  # key -> (routing, row offset)
         for trace in traces:
             tokens = trace.tokens.copy()
             tokens["seq"] += offset_seq
@@ -86,8 +94,63 @@ class Trace:
     def layer_keys(self) -> list[tuple[str, int]]:
         return [routing.key for routing in self.layers]
 
+    def _summary(self) -> dict[str, str]:
+        """The trace in a few labelled facts (what a notebook shows for it): model, tokens, sequences, MoE
+        layers, experts, k, score function, where the routing came from, logits, weights, attention."""
+        tokens, layers = self.tokens, self.layers
+
+        def values(read) -> str:  # one value, or the distinct values of the layers
+            found = list(dict.fromkeys(read(r) for r in layers))
+            return ", ".join(str(v) for v in found) if found else "–"
+
+        def share(flag: str) -> str:  # a flag every layer has, none has, or some have
+            count = sum(bool(getattr(r, flag)) for r in layers)
+            if count and count == len(layers):
+                return "yes"
+            return f"{count} of {len(layers)} layers" if count else "no"
+
+        sources = sorted({r.decision_source for r in layers})
+        own = OWN_SOURCES
+        engines = [s for s in sources if s not in own]
+        origin = ", ".join(
+            [f"capture ({s})" for s in sources if s in own] + [f"engine import ({s})" for s in engines]
+        )
+        model = self.model
+        blocks = sorted({r.layer for r in layers})
+        return {
+            "model": model.source,
+            "architecture": f"{model.architecture} ({model.model_type}), {model.dtype} on {model.device}",
+            "tokens": f"{len(tokens):,}",
+            "sequences": f"{tokens['seq'].nunique() if len(tokens) else 0:,}",
+            "MoE layers": f"{len(layers)}"
+            + (f" (blocks {blocks[0]}–{blocks[-1]})" if len(blocks) > 1 else ""),
+            "experts": values(lambda r: r.num_experts),
+            "k": values(lambda r: r.k),
+            "score function": values(lambda r: r.score_fn),
+            "routing from": origin or "–",
+            "router logits": share("has_logits"),
+            "combination weights": share("has_weights"),
+            "attention": "captured" if self.attention is not None else "not captured",
+        }
+
+    def _repr_html_(self) -> str:
+        """The notebook view: `_summary()` as a table, then the first tokens of the first sequence."""
+        rows = "".join(
+            f"<tr><th {LEFT}>{escape(key)}</th><td {LEFT}>{escape(value)}</td></tr>"
+            for key, value in self._summary().items()
+        )
+        tokens = self.tokens
+        first = tokens[tokens["seq"] == tokens["seq"].iloc[0]]["token"] if len(tokens) else pd.Series([])
+        preview = "".join(f"<code>{escape(str(t))}</code> " for t in first.head(PREVIEW_TOKENS))
+        more = " …" if len(first) > PREVIEW_TOKENS else ""
+        return (
+            f"<div><strong>moeviz.Trace</strong><table>{rows}</table>"
+            f"<p>first tokens: {preview or '–'}{more}</p></div>"
+        )
+
     def routing_frame(self) -> pd.DataFrame:
-        """Tidy routing table: one row per (seq, pos, layer, rank); see ROUTING_COLUMNS and the README."""
+        """Tidy routing table: one row per (seq, pos, layer, rank); see ROUTING_COLUMNS and the table schema
+        in docs/library.md."""
         parts = [_layer_frame(self.tokens, routing) for routing in self.layers]
         if not parts:
             return pd.DataFrame({c: [] for c in ROUTING_COLUMNS})
@@ -162,7 +225,7 @@ def _set_tokens(trace: Trace, value: pd.DataFrame | LazyTokens) -> None:
     trace.__dict__["_tokens"] = value
 
 
-Trace.tokens = property(_get_tokens, _set_tokens, doc="The token table (see the class docstring).")  # type: ignore[assignment]
+Trace.tokens = property(_get_tokens, _set_tokens, doc="The token table (see the class docstring).")
 
 
 def _layer_frame(tokens: pd.DataFrame, routing: LayerRouting) -> pd.DataFrame:

@@ -1,16 +1,19 @@
 """The trace file format: a Trace's parts to one Parquet file and back.
 
-Format `moeviz.trace/4`: one row per (token, layer, rank) with ROUTING_COLUMNS, and a `logits` column
+Format `moeviz.trace/5`: one row per (token, layer, rank) with ROUTING_COLUMNS, and a `logits` column
 (list<float32>, the token's E router logits) on each token's rank-0 row only, null on the others (as the store
 keeps per-token values). The file's `moeviz` metadata holds the format, the model info, the token table and
-each layer's facts. `Trace.to_parquet` / `Trace.from_parquet` call this.
+each layer's facts; the key `moeviz.sha256` beside it holds the SHA-256 of those bytes, and every data page
+carries a CRC checksum. A file is validated before it is trusted (`moeviz.trace.validate`).
+`Trace.to_parquet` / `Trace.from_parquet` call this.
 
-Versions: 4 adds each layer's `zero_experts`, `hash_routed`, `bias_on` and `loop_pass` and the model's
+Versions: 5 adds the metadata's hash and the page checksums (both verified on read; a version-4 file has
+neither). 4 adds each layer's `zero_experts`, `hash_routed`, `bias_on` and `loop_pass` and the model's
 `language_model` (families transformers 5.24 added: `LayerRouting`, `ModelInfo`); a version-3 file is a
 version-4 file without them (none, False, "scores", 0, ""). 3 adds each layer's `has_logits`, `has_weights`
 and `ranked` (routing imported from an engine, `moeviz.engines`): a layer without logits has null logits on
 every row, one without weights NaN weights. Version 2 is version 3 with every layer's logits and weights
-present and ranked; version 1 repeated the logits on all k rows. All four are read.
+present and ranked; version 1 repeated the logits on all k rows. All five are read.
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ import numpy as np
 import pandas as pd
 
 from moeviz.errors import TraceFormatError
+from moeviz.trace import validate
 from moeviz.trace.atomic import writing_atomically
 from moeviz.trace.records import TOKEN_COLUMNS, LayerRouting, ModelInfo, absent
 
-TRACE_FORMAT = "moeviz.trace/4"
-READABLE_FORMATS = ("moeviz.trace/1", "moeviz.trace/2", "moeviz.trace/3", TRACE_FORMAT)
+TRACE_FORMAT = "moeviz.trace/5"
+READABLE_FORMATS = tuple(f"moeviz.trace/{v}" for v in range(1, 6))
 
 
 def write_trace(
@@ -47,12 +51,20 @@ def write_trace(
         "tokens": {c: tokens[c].tolist() for c in TOKEN_COLUMNS},
         "layers": [_layer_meta(r) for r in layers],
     }
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), b"moeviz": json.dumps(meta)})
+    raw = json.dumps(meta).encode()
+    table = table.replace_schema_metadata(
+        {
+            **(table.schema.metadata or {}),
+            validate.META_KEY: raw,
+            validate.HASH_KEY: validate.metadata_hash(raw),
+        }
+    )
     with writing_atomically(path) as handle:
         pq.write_table(
             table,
             handle,
             compression="zstd",
+            write_page_checksum=True,
             # distinct floats: no dictionary; bytes split by significance compress well
             use_dictionary=[c for c in table.column_names if c != "logits"],
             column_encoding={"logits.list.element": "BYTE_STREAM_SPLIT"},
@@ -61,43 +73,100 @@ def write_trace(
 
 
 def read_trace(path: Path) -> tuple[ModelInfo, pd.DataFrame, list[LayerRouting]]:
-    """(model info, token table, layers) of a file written by `write_trace` (format version 2, or 1);
-    TraceFormatError, naming the file, for anything else."""
-    import pyarrow.parquet as pq
+    """(model info, token table, layers) of a file written by `write_trace` (any READABLE_FORMATS), validated
+    before it is trusted (`moeviz.trace.validate`); TraceFormatError, naming the file, for anything else."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
 
-    try:
-        table = pq.read_table(path)
-    except Exception as exc:  # pyarrow raises several types for non-Parquet input
-        raise TraceFormatError(f"{path}: not a readable Parquet file ({exc})") from exc
-    raw = (table.schema.metadata or {}).get(b"moeviz")
-    if raw is None:
-        raise TraceFormatError(f"{path}: a Parquet file, but not a moeviz trace (no 'moeviz' metadata)")
-    meta = json.loads(raw)
+    footer = validate.open_footer(path)
+    meta = validate.read_metadata(path, footer, hashed=lambda fmt: fmt == TRACE_FORMAT)
     if meta.get("format") not in READABLE_FORMATS:
         raise TraceFormatError(
             f"{path}: trace format {meta.get('format')!r}, expected one of {list(READABLE_FORMATS)}"
         )
-    per_rank = meta["format"] == "moeviz.trace/1"  # version 1: the logits repeated on every rank's row
-    tokens = pd.DataFrame(meta["tokens"])[TOKEN_COLUMNS]
-    frame = table.drop_columns(["logits"]).to_pandas()
+    version = int(meta["format"].rsplit("/", 1)[1])
+    per_rank = version == 1  # version 1: the logits repeated on every rank's row
+    keys = {"format", "model", "tokens", "layers"}
+    validate.require(
+        path, "metadata", set(meta) == keys, f"expected the keys {sorted(keys)}, got {sorted(meta)}"
+    )
+    model = validate.model_info(path, meta["model"])
+    tokens = validate.token_table(path, meta["tokens"])
+    validate.require(path, "layers", isinstance(meta["layers"], list), "expected a list")
+    infos = [validate.layer_facts(path, i, raw, len(tokens)) for i, raw in enumerate(meta["layers"])]
+    rows = sum(info["num_tokens"] * info["k"] for info in infos)
+    logits = sum(
+        info["num_tokens"] * info["num_experts"] * (info["k"] if per_rank else 1)
+        for info in infos
+        if info.get("has_logits", True)
+    )
+    validate.check_footer(
+        path,
+        footer,
+        rows=rows,
+        columns={**_COLUMN_KINDS, "logits": "float list"},
+        needs=rows * _BYTES_PER_ROW + logits * 8,  # the column and its float32 copy
+    )
+    try:
+        table = footer.read(columns=[*_COLUMN_KINDS, "logits"])
+    except (OSError, pa.ArrowException) as exc:  # a page whose CRC does not match, a damaged page
+        raise TraceFormatError(f"{path}: a damaged data page ({exc})") from exc
+    validate.no_nulls(
+        path, table, [name for name in _COLUMN_KINDS if name != "weight"]
+    )  # NaN is stored as null
+    columns = {name: table.column(name).to_numpy() for name in ("seq", "pos", "layer", "rank", "expert")}
+    weight = table.column("weight").to_numpy().astype(np.float32, copy=False)
+    streams = pc.dictionary_encode(table.column("stream").combine_chunks())
+    stream_codes = streams.indices.to_numpy(zero_copy_only=False)
+    stream_names = np.asarray(streams.dictionary.to_pylist(), dtype=object)
     logits_all = table.column("logits").combine_chunks()
     token_index = pd.MultiIndex.from_frame(tokens[["stream", "seq", "pos"]])
     layers, start = [], 0
-    for info in meta["layers"]:
-        n_rows = info["num_tokens"] * info["k"]
-        if start + n_rows > len(frame):
-            raise TraceFormatError(f"{path}: {len(frame)} routing rows, metadata accounts for more")
-        part = frame.iloc[start : start + n_rows : info["k"]]
-        token_rows = token_index.get_indexer(pd.MultiIndex.from_frame(part[["stream", "seq", "pos"]]))
-        if (token_rows < 0).any():
-            raise TraceFormatError(f"{path}: routing rows refer to tokens missing from the token table")
-        rows = frame.iloc[start : start + n_rows]
-        logits = _layer_logits(path, info, logits_all.slice(start, n_rows), per_rank)
-        layers.append(_layer_from_rows(info, token_rows, rows, logits))
+    for index, info in enumerate(infos):
+        n, k, n_rows = info["num_tokens"], info["k"], info["num_tokens"] * info["k"]
+        part = {name: values[start : start + n_rows] for name, values in columns.items()}
+        codes = stream_codes[start : start + n_rows]
+        where = f"layers[{index}] (layer {info['layer']})"
+        validate.require(path, where, bool((part["layer"] == info["layer"]).all()), "rows of another layer")
+        validate.require(
+            path, where, bool((part["rank"] == np.tile(np.arange(k), n)).all()), f"ranks are not 0 … {k - 1}"
+        )
+        for name, values in (("seq", part["seq"]), ("pos", part["pos"]), ("stream", codes)):
+            grid = values.reshape(n, k)
+            validate.require(
+                path, where, bool((grid == grid[:, :1]).all()), f"a token's rows differ in {name}"
+            )
+        experts = part["expert"].reshape(n, k)
+        validate.require(
+            path,
+            where,
+            experts.size == 0 or (experts.min() >= -1 and experts.max() < info["num_experts"]),
+            f"expert ids outside -1 … {info['num_experts'] - 1}",
+        )
+        keys = pd.MultiIndex.from_arrays([stream_names[codes[::k]], part["seq"][::k], part["pos"][::k]])
+        token_rows = token_index.get_indexer(keys)
+        validate.require(
+            path, where, bool((token_rows >= 0).all()), "rows of tokens missing from the token table"
+        )
+        validate.require(path, where, len(np.unique(token_rows)) == n, "a token routed twice")
+        layer_logits = _layer_logits(path, info, logits_all.slice(start, n_rows), per_rank)
+        layers.append(
+            _layer_from_rows(info, token_rows, experts, weight[start : start + n_rows], layer_logits)
+        )
         start += n_rows
-    if start != len(frame):
-        raise TraceFormatError(f"{path}: {len(frame)} routing rows, metadata accounts for {start}")
-    return ModelInfo(**meta["model"]), tokens, layers
+    return model, tokens, layers
+
+
+_COLUMN_KINDS = {  # the columns the reader needs, by kind (`validate.arrow_kind`); the others are derived
+    "stream": "string",
+    "seq": "integer",
+    "pos": "integer",
+    "layer": "integer",
+    "rank": "integer",
+    "expert": "integer",
+    "weight": "float",
+}
+_BYTES_PER_ROW = 96  # the needed columns as arrays, the stream codes and the per-layer views and checks
 
 
 def _rank0_logits_column(layers: list[LayerRouting]):
@@ -171,18 +240,19 @@ def _layer_meta(routing: LayerRouting) -> dict[str, Any]:
 
 
 def _layer_from_rows(
-    info: dict[str, Any], token_rows: np.ndarray, part: pd.DataFrame, logits: np.ndarray
+    info: dict[str, Any], token_rows: np.ndarray, experts: np.ndarray, weight: np.ndarray, logits: np.ndarray
 ) -> LayerRouting:
+    """One layer's LayerRouting from its validated facts and arrays: experts [N, k], weight [N·k]."""
     n, k = info["num_tokens"], info["k"]
     bias = None if info["bias"] is None else np.asarray(info["bias"], dtype=np.float32)
     has_weights = info.get("has_weights", True)  # version 3 keys; versions 1-2 always had both and ranks
-    weights = part["weight"].to_numpy().astype(np.float32).reshape(n, k) if has_weights else absent(n, k)
+    weights = weight.reshape(n, k).copy() if has_weights else absent(n, k)
     return LayerRouting(
         layer=info["layer"],
         site=info["site"],
         token_rows=token_rows,
         logits=logits,
-        experts=part["expert"].to_numpy().reshape(n, k),
+        experts=experts.astype(np.int64, copy=True),
         weights=weights,
         score_fn=info["score_fn"],
         bias=bias,

@@ -8,12 +8,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import pandas as pd
 
-from moeviz.scoring import scores_from_logits, selection_scores
+from moeviz.scoring import BiasOn, GroupScore, ScoreFn, scores_from_logits, selection_scores
+
+# Which MoE layer of a block: "mlp" normally, "attention" for JetMoE's mixture-of-attention, "encoder" and
+# "decoder" in encoder-decoder models.
+Site = Literal["mlp", "attention", "encoder", "decoder"]
+SITES: tuple[Site, ...] = get_args(Site)
+# `LayerRouting.decision_source` of moeviz's own captures: the experts the dispatch received, decoded from the
+# router's output, or recomputed from the logits (not the model's own). Routing imported from an engine names
+# its format instead (`moeviz.engines.FORMATS`), so the field itself is a plain str.
+CaptureSource = Literal["dispatch", "router_output", "recomputed"]
+CAPTURE_SOURCES: tuple[CaptureSource, ...] = get_args(CaptureSource)
 
 UNKNOWN_TOKEN = -1  # token_id of a position whose id the source did not give (an engine import without ids)
 TOKEN_COLUMNS = ["seq", "pos", "stream", "token_id", "token", "phase", "step", "predicted_id"]
@@ -52,6 +62,9 @@ class ModelInfo:
     # in a composite (multimodal) model, the sub-model whose routing was captured: "model.language_model
     # (DeepseekV3Model)"; "" when the model is a text model as a whole
     language_model: str = ""
+    # the PEFT adapter merged over the base (`load_model(adapter=...)`), as the JSON of
+    # `moeviz.models.adapters.AdapterInfo`: folder, type, rank, alpha, targets; "" for the base alone
+    adapter: str = ""
 
 
 @dataclass
@@ -93,15 +106,15 @@ class LayerRouting:
     """
 
     layer: int
-    site: str
+    site: Site
     token_rows: np.ndarray
     logits: np.ndarray
     experts: np.ndarray
     weights: np.ndarray
-    score_fn: str
+    score_fn: ScoreFn
     bias: np.ndarray | None = None
-    # "dispatch" | "router_output" | "recomputed" (not the model's own), or the import format of routing an
-    # engine wrote ("sglang-routed", "vllm-routed", "megatron-trace", …; moeviz.engines.FORMATS)
+    # a `CaptureSource`, or the import format of routing an engine wrote ("sglang-routed", "vllm-routed",
+    # "megatron-trace", …; moeviz.engines.FORMATS)
     decision_source: str = "dispatch"
     top_k: int | None = None
     capacity: int | None = None
@@ -109,13 +122,13 @@ class LayerRouting:
     module: str = ""
     n_group: int | None = None
     topk_group: int | None = None
-    group_score: str | None = None  # "top2_sum" | "max" | None
+    group_score: GroupScore | None = None
     has_logits: bool = True
     has_weights: bool = True
     ranked: bool = True
     zero_experts: int = 0
     hash_routed: bool = False
-    bias_on: str = "scores"
+    bias_on: BiasOn = "scores"
     loop_pass: int = 0
     # derived arrays, computed on first use and kept while logits, score_fn and bias are the same objects
     _derived: dict[str, tuple[Any, np.ndarray]] = field(

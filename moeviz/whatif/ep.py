@@ -40,6 +40,7 @@ Definitions (docs/deployment-whatifs.md, "Expert parallelism"):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,12 @@ PLACEMENTS = ("contiguous", "eplb", "traffic")
 SOURCES = ("contiguous", "round-robin")
 REPLICAS = ("even", "vllm")
 MESSAGE_DTYPES = ("bf16", "fp8")
+# `traffic` refines by pairwise swaps, O(P²) per swap and up to 4·P swaps: P ≤ 512 keeps one layer to a few
+# seconds (benchmarks/bench_whatif_bounds.py), and covers R ≤ E for DeepSeek-V3's 256 experts.
+TRAFFIC_MAX_SLOTS = 512
+# Any fitted placement: P = E + R ≤ 65,536 (DeepSeek-V3's 256 experts on each of 256 GPUs). EPLB takes about
+# a second per layer there; R ≤ E·(G − 1) alone would let a huge --gpus admit millions of slots.
+MAX_SLOTS = 65_536
 
 DEFINITION = (
     "DeepEP dispatch (once per destination GPU; combine = dispatch), load = (token, expert) assignments, "
@@ -99,11 +106,8 @@ class EPConfig:
                 f"{self.gpus} GPUs do not fill whole nodes of {self.gpus_per_node}; "
                 "make --gpus a multiple of --gpus-per-node"
             )
-        if self.redundant < 0 or self.redundant % self.gpus:
-            raise InputError(
-                f"redundant slots ({self.redundant}) must be a multiple of the GPU count ({self.gpus}), "
-                "as EPLB requires: every GPU holds the same number of slots"
-            )
+        if self.redundant < 0:
+            raise InputError(f"redundant slots (--redundant) must be ≥ 0, got {self.redundant}")
         if self.redundant and self.placement == "contiguous":
             raise InputError("contiguous placement has no redundant slots; use --placement eplb or traffic")
         if self.hidden_size < 1:
@@ -112,10 +116,19 @@ class EPConfig:
             raise InputError(
                 f"FP8 messages carry one scale per 128 channels; hidden {self.hidden_size} is not"
             )
-        if min(self.nvlink_gbps, self.internode_gbps, self.gpu_tflops) <= 0:
-            raise InputError("link bandwidths and GPU throughput must be positive")
-        if self.expert_flops_per_token < 0 or self.traffic_slack < 0:
-            raise InputError("expert FLOPs per token and traffic slack must be ≥ 0")
+        for what, value in (
+            ("NVLink bandwidth (--nvlink-gbps, GB/s)", self.nvlink_gbps),
+            ("inter-node bandwidth (--internode-gbps, GB/s)", self.internode_gbps),
+            ("GPU throughput (--gpu-tflops, TFLOP/s)", self.gpu_tflops),
+        ):
+            if not (math.isfinite(value) and value > 0):  # NaN passes a `<= 0` check: ask for finite
+                raise InputError(f"{what} must be a finite number > 0, got {value}")
+        for what, value in (
+            ("expert FLOPs per token", self.expert_flops_per_token),
+            ("traffic slack", self.traffic_slack),
+        ):
+            if not (math.isfinite(value) and value >= 0):
+                raise InputError(f"{what} must be a finite number ≥ 0, got {value}")
 
     @property
     def nodes(self) -> int:
@@ -129,11 +142,37 @@ class EPConfig:
         return self.hidden_size * 2
 
     def check_experts(self, experts: int) -> None:
-        """The checks that need the expert count E: P = E + R slots split evenly over the GPUs."""
+        """The check that needs the expert count E: P = E + R slots split evenly over the GPUs (EPLB's only
+        rule: R itself need not divide by G)."""
         if (experts + self.redundant) % self.gpus:
             raise InputError(
                 f"{experts} experts + {self.redundant} redundant slots do not split evenly over "
                 f"{self.gpus} GPUs; choose G dividing {experts + self.redundant} or change --redundant"
+            )
+
+    def check_fit(self, experts: int) -> None:
+        """`check_experts` and the bounds on fitting a placement, checked before its [L, P] tables are
+        allocated: R ≤ E·(G − 1) (beyond it a GPU holds more than E slots, so two copies of one expert
+        share a GPU and spread no load), P ≤ MAX_SLOTS, and for `traffic` P ≤ TRAFFIC_MAX_SLOTS."""
+        most = experts * (self.gpus - 1)
+        if self.redundant > most:
+            raise InputError(
+                f"redundant slots (--redundant) {self.redundant:,} exceed E·(G − 1) = {experts}·"
+                f"{self.gpus - 1} = {most:,}: beyond it a GPU holds more than {experts} slots, so two "
+                "copies of one expert share a GPU"
+            )
+        self.check_experts(experts)
+        slots = experts + self.redundant
+        if slots > MAX_SLOTS:
+            raise InputError(
+                f"{experts} experts + {self.redundant:,} redundant slots make {slots:,} slots; a placement "
+                f"takes at most {MAX_SLOTS:,} (256 experts on each of 256 GPUs): lower --redundant or --gpus"
+            )
+        if self.placement == "traffic" and slots > TRAFFIC_MAX_SLOTS:
+            raise InputError(
+                f"placement traffic refines {slots:,} slots (E + R) by pairwise swaps, O(P³); it takes at "
+                f"most {TRAFFIC_MAX_SLOTS} (--redundant ≤ {max(TRAFFIC_MAX_SLOTS - experts, 0)} with "
+                f"{experts} experts): use --placement eplb for more"
             )
 
 
@@ -285,7 +324,7 @@ def traffic_placement(counts: np.ndarray, pairs: np.ndarray, config: EPConfig) -
 def fit_placement(routes: Routes, config: EPConfig) -> Placement:
     """Fit `config.placement` to these routes (every layer on its own token counts)."""
     e = _num_experts(routes)
-    config.check_experts(e)
+    config.check_fit(e)
     layers = [r.layer for r in routes.layers]
     fitted_on = f"{routes.tokens} tokens of {routes.model}"
     if config.placement == "traffic":
@@ -311,7 +350,7 @@ def fit_placement_counts(
             "expert sets, not counts (use contiguous or eplb)"
         )
     e = weight.shape[1]
-    config.check_experts(e)
+    config.check_fit(e)
     p = e + config.redundant
     if config.placement == "contiguous":
         phy2log = np.tile(np.arange(e, dtype=np.int64), (len(layers), 1))
@@ -533,7 +572,10 @@ def simulate_ep(routes: Routes, config: EPConfig, placement: Placement | None = 
     """Replay `routes` on an EP deployment. placement None = fit `config.placement` on these same routes
     (EPResult.same_data = True: an in-sample figure; fit on `Routes.split`'s first part for an honest one)."""
     e = _num_experts(routes)
-    config.check_experts(e)
+    if placement is None:
+        config.check_fit(e)  # the bounds before the placement is fitted
+    else:
+        config.check_experts(e)
     same_data = placement is None
     if placement is None:
         placement = fit_placement(routes, config)

@@ -124,6 +124,11 @@ def _check(num_log: int, num_replicas: int, num_groups: int, num_nodes: int, num
         raise InputError(f"{num_gpus} GPUs do not split evenly over {num_nodes} nodes")
     if num_replicas < num_log:
         raise InputError(f"{num_replicas} physical slots cannot hold {num_log} experts")
+    if num_replicas > num_log * num_gpus:  # checked before the [L, P] tables are allocated
+        raise InputError(
+            f"{num_replicas:,} physical slots exceed E·G = {num_log}·{num_gpus} = {num_log * num_gpus:,}: a "
+            f"GPU would hold more than {num_log} slots, two copies of one expert"
+        )
     if num_replicas % num_gpus:
         raise InputError(f"{num_replicas} physical slots do not split evenly over {num_gpus} GPUs")
     if num_log % num_groups:

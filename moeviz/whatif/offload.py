@@ -20,6 +20,7 @@ argmin decides.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -377,8 +378,10 @@ def simulate_offload_policies(
     step_time_s: float | None = None,
 ) -> list[OffloadResult]:
     """`simulate_offload` for several policies at once: the routes are laid out for replay only once."""
-    if bandwidth_gbps <= 0:
-        raise InputError(f"bandwidth must be positive, got {bandwidth_gbps} GB/s")
+    if not (math.isfinite(bandwidth_gbps) and bandwidth_gbps > 0):  # NaN passes a `<= 0` check
+        raise InputError(f"bandwidth (--bandwidth) must be a finite number > 0 GB/s, got {bandwidth_gbps}")
+    if step_time_s is not None and not (math.isfinite(step_time_s) and step_time_s >= 0):
+        raise InputError(f"step time (--step-time) must be a finite number ≥ 0 s, got {step_time_s}")
     prep = _prepare(routes)
     for policy in policies:
         _check(prep, cache, policy)

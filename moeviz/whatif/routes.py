@@ -74,6 +74,9 @@ class Routes:
     layers: list[LayerRoutes]
     source: str = "trace"  # "trace" | "store"
     notes: list[str] = field(default_factory=list)
+    # `layer L (site)` of the layers whose router scores are not finite: the experts replayed there mean
+    # nothing (capture's RoutingWarning; `moeviz.capture.forward.non_finite_warning` words it)
+    non_finite: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.layers:
@@ -144,12 +147,14 @@ def split_label(fitted: int, total: int, what: str, order: str, seed: int) -> st
 def routes_from_trace(trace: Trace, site: str | None = None) -> Routes:
     """The trace's routing, rows sorted by (seq, pos). Encoder-decoders: pick `site` ("encoder"/"decoder")
     or get every site's layers (each keeps its own rows)."""
-    layers, skipped = [], 0
+    layers, skipped, non_finite = [], 0, []
     seq_all = trace.tokens["seq"].to_numpy(dtype=np.int64)
     pos_all = trace.tokens["pos"].to_numpy(dtype=np.int64)
     for routing in trace.layers:
         if site is not None and routing.site != site:
             continue
+        if routing.has_logits and not np.isfinite(routing.logits).all():  # an import has no logits
+            non_finite.append(f"layer {routing.layer} ({routing.site})")
         seq, pos = seq_all[routing.token_rows], pos_all[routing.token_rows]
         order = np.lexsort((pos, seq))
         experts = routing.experts[order].astype(np.int64)
@@ -175,7 +180,9 @@ def routes_from_trace(trace: Trace, site: str | None = None) -> Routes:
             f"{skipped / slots:.1%} of the expert slots went to zero-computation experts (no FFN, no "
             "transfer): they are left out of the simulation, like slots the model dropped"
         )
-    return Routes(model=trace.model.source, layers=layers, source="trace", notes=notes)
+    return Routes(
+        model=trace.model.source, layers=layers, source="trace", notes=notes, non_finite=tuple(non_finite)
+    )
 
 
 def sequence_token_ids(trace: Trace) -> list[list[int]]:
@@ -208,7 +215,7 @@ def routes_from_store(
         listing = ", ".join(f"{m}/{c}" for m, c in sorted(runs))
         raise InputError(f"store {store} holds several runs ({listing}); choose one by model and checkpoint")
     (run_model, run_checkpoint), meta = next(iter(runs)), query.layer_meta()
-    columns, sites = _read_rows(query.files, layers)
+    columns, sites, non_finite = _read_rows(query.files, layers)
     out = []
     group = columns["site"] * 2**16 + columns["layer"]
     starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
@@ -235,23 +242,51 @@ def routes_from_store(
                 topk_group=info.get("topk_group"),
             )
         )
-    return Routes(model=run_model, layers=out, source="store", notes=[f"checkpoint {run_checkpoint}"])
+    kept = sorted((layer, site) for site, layer in non_finite if layers is None or layer in layers)
+    return Routes(
+        model=run_model,
+        layers=out,
+        source="store",
+        notes=[f"checkpoint {run_checkpoint}"],
+        non_finite=tuple(f"layer {layer} ({site})" for layer, site in kept),
+    )
 
 
 ROW_COLUMNS = ["site", "layer", "seq", "pos", "rank", "expert", "weight"]
+FINITE_COLUMNS = ["score", "lse"]  # read only to flag non-finite router scores, never kept
 
 
-def _read_rows(files: list[str], layers: list[int] | None) -> tuple[dict[str, np.ndarray], list[str]]:
+def _non_finite_rows(table, expert: np.ndarray) -> np.ndarray:
+    """[rows] bool: the row's router score (a dispatched slot) or its log Σ exp(logits) (rank-0 rows; null
+    elsewhere) is not finite. The store keeps these, not the full logits: a NaN or +inf logit makes the lse
+    non-finite; a −inf logit of an expert no token chose leaves both finite and goes unflagged."""
+    import pyarrow.compute as pc
+
+    bad = np.zeros(len(expert), dtype=bool)
+    if "score" in table.column_names:
+        score = table.column("score").to_numpy()
+        bad |= ~np.isfinite(score) & (expert >= 0)
+    if "lse" in table.column_names:
+        bad |= ~np.isfinite(pc.fill_null(table.column("lse"), 0.0).to_numpy())
+    return bad
+
+
+def _read_rows(
+    files: list[str], layers: list[int] | None
+) -> tuple[dict[str, np.ndarray], list[str], set[tuple[str, int]]]:
     """The store's routing columns sorted by (site, layer, seq, pos, rank), site as a code into the returned
-    names. Read with pyarrow in file order: parts hold one batch each, layer by layer, tokens in order, so a
-    stable sort by layer usually finishes the job (checked; a full sort otherwise). An SQL ORDER BY over
-    16 M rows costs ~10× more."""
+    names, and the (site, layer) pairs whose router scores are not finite (`_non_finite_rows`). Read with
+    pyarrow in file order: parts hold one batch each, layer by layer, tokens in order, so a stable sort by
+    layer usually finishes the job (checked; a full sort otherwise). An SQL ORDER BY over 16 M rows costs
+    ~10× more."""
     import pyarrow.parquet as pq
 
     parts: dict[str, list[np.ndarray]] = {name: [] for name in ROW_COLUMNS}
     sites: list[str] = []
+    non_finite: set[tuple[str, int]] = set()
     for file in files:
-        table = pq.read_table(file, columns=ROW_COLUMNS)
+        present = set(pq.read_schema(file).names)
+        table = pq.read_table(file, columns=ROW_COLUMNS + [c for c in FINITE_COLUMNS if c in present])
         site = table.column("site").combine_chunks()
         for name in site.dictionary.to_pylist():
             if name not in sites:
@@ -260,6 +295,10 @@ def _read_rows(files: list[str], layers: list[int] | None) -> tuple[dict[str, np
         parts["site"].append(codes[site.indices.to_numpy(zero_copy_only=False)])
         for name in ROW_COLUMNS[1:]:
             parts[name].append(table.column(name).to_numpy())
+        bad = _non_finite_rows(table, parts["expert"][-1])
+        if bad.any():
+            pairs = zip(parts["site"][-1][bad].tolist(), parts["layer"][-1][bad].tolist(), strict=True)
+            non_finite |= {(sites[code], int(layer)) for code, layer in set(pairs)}
     columns = {name: np.concatenate(values) if values else np.zeros(0) for name, values in parts.items()}
     columns["site"] = columns["site"].astype(np.int64)
     columns["layer"] = columns["layer"].astype(np.int64)
@@ -277,4 +316,4 @@ def _read_rows(files: list[str], layers: list[int] | None) -> tuple[dict[str, np
             (columns["rank"], columns["pos"], columns["seq"], columns["layer"], columns["site"])
         )
         columns = {name: values[order] for name, values in columns.items()}
-    return columns, sites
+    return columns, sites, non_finite

@@ -1,4 +1,4 @@
-"""The allowed folders hold on the app's pages (issue 15): the Checkpoints page checks each part of a
+"""The allowed folders hold on the app's pages: the Checkpoints page checks each part of a
 comma-separated series on its own, and the Corpus page refuses a store with a link outside. The checks
 themselves: tests/models/test_hardening_allowlist.py."""
 
@@ -40,3 +40,16 @@ def test_the_corpus_page_refuses_a_store_with_a_link_outside(roots):
     assert not at.exception, [e.value for e in at.exception]
     errors = [e.value for e in at.error]
     assert errors and "outside the store folders" in errors[0] and "runs" in errors[0], errors
+
+
+def test_an_allowlist_set_but_empty_opens_no_folder(roots, model_in, monkeypatch):
+    allowed, _ = roots
+    model_in(allowed, "x")
+    monkeypatch.setenv("MOEVIZ_MODEL_DIRS", " ")  # set, naming no folder: none allowed (it was "any")
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.session_state["series_choice"] = "Local folder…"
+    at.session_state["series_folder"] = str(allowed / "x")
+    at.switch_page("pages/checkpoints.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    errors = [e.value for e in at.error]
+    assert errors and "opens no local model folders (MOEVIZ_MODEL_DIRS is set but names none)" in errors[0]

@@ -14,6 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from moeviz.lab import PRESETS, LabConfig
 from tests.support.app import APP, app_test_env
+from tests.support.lab_app import chart_frame, checked
 
 PAGE = "pages/lab.py"
 # a run of a few seconds: one layer, a narrow model, short sequences
@@ -32,25 +33,8 @@ def lab_page() -> AppTest:
     return checked(at.run())
 
 
-def checked(at: AppTest) -> AppTest:
-    assert not at.exception, [e.value for e in at.exception]
-    errors = [e.value for e in at.error]
-    assert not errors, errors
-    return at
-
-
 def control(at: AppTest, field: str):
     return at.number_input(key=f"lab_{field}_widget")
-
-
-def chart_frame(at: AppTest, title: str) -> pd.DataFrame:
-    """The dataset of the one chart titled `title` (Streamlit ships it as Arrow)."""
-    import pyarrow as pa
-
-    charts = [c for c in at.get("vega_lite_chart") if f'"text": "{title}"' in c.proto.spec]
-    assert len(charts) == 1, f"{len(charts)} charts titled {title!r}"
-    (dataset,) = charts[0].proto.datasets
-    return pa.ipc.open_stream(dataset.data.data).read_all().to_pandas()
 
 
 def test_renders_with_the_defaults(app_env) -> None:
@@ -122,7 +106,10 @@ def _zip(runner) -> bytes:
 
 
 def test_busy_server_shows_the_busy_message(app_env, monkeypatch) -> None:
-    monkeypatch.setattr("moeviz.lab.runner.max_runs", lambda: 0)  # every slot taken
+    from moeviz.lab import runner
+
+    monkeypatch.setattr(runner, "max_runs", lambda: 1)
+    monkeypatch.setitem(runner._ACTIVE, -1, 0)  # the one slot taken by another session's run
     at = lab_page()
     at.button(key="lab_start").click()
     checked(at.run())
@@ -147,3 +134,26 @@ def test_runners_of_gone_sessions_are_stopped(app_env, monkeypatch) -> None:
     assert lab.sweep(now=lab.GRACE_S / 2) == [] and not gone.stopped  # a reconnect may still come
     assert lab.sweep(now=lab.GRACE_S + 1) == ["gone"]
     assert gone.stopped and not here.stopped and list(lab._REGISTRY) == ["here"]
+
+
+def test_the_page_shows_the_memory_a_run_needs_and_refuses_one_above_the_budget(app_env, monkeypatch) -> None:
+    from moeviz.lab.budget import memory_estimate
+    from moeviz.lab.data import lab_corpus
+
+    at = lab_page()
+    need = memory_estimate(LabConfig(), lab_corpus().vocab_size)
+    assert any(f"≈ {need.total / 2**30:.2f} GiB" in c.value for c in at.caption), [
+        c.value for c in at.caption
+    ]
+    monkeypatch.setenv("MOEVIZ_LAB_MEMORY_GIB", str(need.total / 2**30 / 2))
+    at.button(key="lab_start").click()
+    checked(at.run())
+    assert "lab_runner" not in at.session_state
+    assert any("the server allows" in w.value for w in at.warning), [w.value for w in at.warning]
+
+
+def test_a_server_without_the_lab_says_so(app_env, monkeypatch) -> None:
+    monkeypatch.setenv("MOEVIZ_LAB_MAX_RUNS", "0")
+    at = lab_page()
+    assert any("The Lab is disabled on this server" in i.value for i in at.info)
+    assert not [b for b in at.button if b.key == "lab_start"]

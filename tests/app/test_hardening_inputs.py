@@ -1,5 +1,5 @@
-"""Hardening of the inputs in the app (issue 15): non-finite router scores are warned about on the Routing
-page (item 10), and the upload limit is the documented 1 MiB (item 12). The library's size check and
+"""Hardening of the inputs in the app: non-finite router scores are warned about on the Routing
+page, and the upload limit is the documented 1 MiB. The library's size check and
 warning: tests/models/test_hardening_inputs.py; the CLI's: tests/system/test_hardening_inputs_cli.py."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def nan_folder(tmp_path_factory):
     return save_nan_router_model(tmp_path_factory.mktemp("nan_router"))
 
 
-# ---- item 10: non-finite router scores ------------------------------------------------------------------
+# ---- non-finite router scores ---------------------------------------------------------------------------
 def test_routing_page_shows_the_warning(nan_folder, monkeypatch) -> None:
     app_test_env(monkeypatch)
     monkeypatch.setenv("MOEVIZ_DEFAULT_MODEL", str(nan_folder))  # opened as a local folder ...
@@ -26,7 +26,7 @@ def test_routing_page_shows_the_warning(nan_folder, monkeypatch) -> None:
     assert len(shown) == 1 and "layer 1" in shown[0], [w.value for w in at.warning]
 
 
-# ---- item 12: the upload limit --------------------------------------------------------------------------
+# ---- the upload limit -----------------------------------------------------------------------------------
 def test_server_upload_limit_is_above_one_mib() -> None:
     """`server.maxUploadSize` is in MB: the server multiplies it by 2**20, the browser by 10**6 (2**20 on
     Windows) and refuses a larger file itself, before the form could say why. So the limit must let a file

@@ -1,5 +1,5 @@
 """The allowed folders (`MOEVIZ_MODEL_DIRS`, `MOEVIZ_STORE_DIRS`) hold for every file a load or a store
-page opens, not only for the typed folder (issue 15): a link inside an allowed folder to a file outside is
+page opens, not only for the typed folder: a link inside an allowed folder to a file outside is
 refused with a message naming the link, never the target's content; each part of a comma-separated
 checkpoint series is checked on its own. The pages that open them: tests/app/test_allowlist_pages.py."""
 

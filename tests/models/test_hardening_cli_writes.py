@@ -1,4 +1,4 @@
-"""The `moeviz` command under a hostile environment (issue 15), once a model is loaded: a full disk or an
+"""The `moeviz` command under a hostile environment, once a model is loaded: a full disk or an
 unwritable --out while the captured trace is written, Ctrl-C during the forward, and a checkpoint whose
 weights do not fit its config. Each is refused with one line naming the problem (exit 2; Ctrl-C 130), never
 a traceback, and nothing is left behind. The refusals before any load: tests/unit/test_hardening_cli.py;
@@ -31,7 +31,7 @@ def _raise_oserror(code: int, named: bool = True):
     return write
 
 
-# ---- item 7: environment errors --------------------------------------------------------------------------
+# ---- environment errors ----------------------------------------------------------------------------------
 def test_capture_disk_full_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
     import pyarrow.parquet as pq
 
@@ -80,7 +80,7 @@ def test_capture_unwritable_out_is_one_line_exit_2(tmp_path, monkeypatch, capsys
     assert list(tmp_path.iterdir()) == []
 
 
-# ---- item 9: interrupted capture --------------------------------------------------------------------------
+# ---- interrupted capture ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("command", ["capture", "report"])
 def test_ctrl_c_is_one_line_exit_130(tmp_path, monkeypatch, capsys, command):
     def interrupted(*args, **kwargs):
@@ -96,7 +96,7 @@ def test_ctrl_c_is_one_line_exit_130(tmp_path, monkeypatch, capsys, command):
     assert list(tmp_path.iterdir()) == []
 
 
-# ---- item 11: messages that name the actual problem ------------------------------------------------------
+# ---- messages that name the actual problem ---------------------------------------------------------------
 def test_transformers_advice_is_replaced_in_the_one_line_refusal(tmp_path, capsys):
     """Weights whose shapes differ from config.json: transformers raises "... For details look at the above
     report!"; the refusal names the problem instead, on one line (transformers' own log lines, the report,

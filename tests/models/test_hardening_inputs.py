@@ -1,5 +1,5 @@
-"""Hardening of the inputs in the library (issue 15): a huge text is refused by its size before it is
-tokenised (item 8), and non-finite router scores are warned about (item 10). The app's and the CLI's side:
+"""Hardening of the inputs in the library: a huge text is refused by its size before it is
+tokenised, and non-finite router scores are warned about. The app's and the CLI's side:
 tests/app/test_hardening_inputs.py, tests/system/test_hardening_inputs_cli.py."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def tiny_text_model(tiny_model_dir):
     return moeviz.load_model(str(with_tokenizer(tiny_model_dir("mixtral", vocab_size=2048))))
 
 
-# ---- item 8: too-long inputs ----------------------------------------------------------------------------
+# ---- too-long inputs ------------------------------------------------------------------------------------
 def test_a_huge_text_is_refused_by_size_before_tokenising(tiny_text_model, monkeypatch) -> None:
     text = "the quick brown fox jumps over the lazy dog. " * 450_000  # ~20 MB
     assert len(text) > 20_000_000
@@ -56,7 +56,7 @@ def test_a_text_just_under_the_context_is_captured(tiny_text_model) -> None:
     assert len(trace.tokens) == n
 
 
-# ---- item 10: non-finite router scores ------------------------------------------------------------------
+# ---- non-finite router scores ---------------------------------------------------------------------------
 def test_library_warns_of_non_finite_router_scores(tiny_model_dir) -> None:
     loaded = moeviz.load_model(tiny_model_dir("mixtral"))
     with warnings.catch_warnings():

@@ -1,4 +1,4 @@
-"""Damaged or hostile model folders are refused with one clear line (issue 15): the library raises a
+"""Damaged or hostile model folders are refused with one clear line: the library raises a
 `ModelSourceError` naming what is wrong, the CLI exits 2 with one line on stderr and no traceback, and
 nothing blocks or runs for minutes. A FIFO as the weights, in a subprocess:
 tests/system/test_fifo_weights.py."""

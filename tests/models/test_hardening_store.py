@@ -1,4 +1,4 @@
-"""Store hardening (issue 15): content hashes catch bit flips, the manifest is not trusted beyond the run
+"""Store hardening: content hashes catch bit flips, the manifest is not trusted beyond the run
 folder, and one writer per run (a lock; only dead writers' temp files are removed)."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _write_entries(run, entries):
     (run / MANIFEST_FILE).write_text("".join(json.dumps(e) + "\n" for e in entries))
 
 
-# ---- item 2: content hashes ----------------------------------------------------------------------------
+# ---- content hashes ------------------------------------------------------------------------------------
 def test_every_bit_flip_is_detected_and_resume_retraces_the_part(built, sample_model, corpus, tmp_path):
     store, run = _copy(built, tmp_path)
     part = run / "part-000001.parquet"
@@ -83,7 +83,7 @@ def test_manifest_without_hashes_still_opens_as_unverified(built, tmp_path):
     assert len(StoreQuery(store, validate=False).sql("SELECT * FROM rows")) > 0
 
 
-# ---- item 5: the manifest is not trusted beyond the run folder ------------------------------------------
+# ---- the manifest is not trusted beyond the run folder --------------------------------------------------
 def _outside_copy(run, tmp_path):
     outside = tmp_path / "x.parquet"
     outside.write_bytes((run / "part-000000.parquet").read_bytes())
@@ -139,7 +139,7 @@ def test_duplicated_entry_is_refused(built, tmp_path, how):
             open_store(store)
 
 
-# ---- item 6: one writer per run -------------------------------------------------------------------------
+# ---- one writer per run ---------------------------------------------------------------------------------
 def _dead_pid() -> int:
     """A pid no process of this host has (from the top of the pid range down)."""
     top = (

@@ -196,7 +196,7 @@ def test_trace_file_equals_text(capsys, tmp_path):
     [
         (
             ["ep", *PROMPT, "--gpus", "4", "--gpus-per-node", "2", "--redundant", "3", "--placement", "eplb"],
-            "multiple of the GPU count",
+            "8 experts + 3 redundant slots do not split evenly over 4 GPUs",
         ),
         (["ep", *PROMPT, "--gpus", "6", "--gpus-per-node", "4"], "multiple of --gpus-per-node"),
         (["ep", *PROMPT, *EP_FLAGS, "--fit-fraction", "1.5"], "--fit-fraction must be between 0 and 1"),

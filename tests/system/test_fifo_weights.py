@@ -1,4 +1,4 @@
-"""A FIFO in place of a model's weights is refused without blocking (issue 15): `moeviz capture` in a real
+"""A FIFO in place of a model's weights is refused without blocking: `moeviz capture` in a real
 subprocess, killed if it hangs, exits 2 with one line. The other damaged folders:
 tests/models/test_hardening_models.py."""
 

@@ -1,4 +1,4 @@
-"""Non-finite router scores through the real CLI (issue 15, item 10): `python -m moeviz.cli capture` prints
+"""Non-finite router scores through the real CLI: `python -m moeviz.cli capture` prints
 one warning on stderr, naming the layer, and nothing of it on stdout."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The `moeviz` command under a hostile environment (issue 15), the refusals that come before any model is
+"""The `moeviz` command under a hostile environment, the refusals that come before any model is
 loaded: a read-only or wrong --out, a device this build lacks, inputs that are not regular files; and the
 Parquet writer's stale `.partial` files and fsync. Each refusal is one line naming the problem (exit 2),
 never a traceback. Failures while a captured trace is written, Ctrl-C, transformers' load errors:
@@ -26,7 +26,7 @@ def _capture(capsys, out: Path, *flags: str):
     return run_cli(capsys, "capture", "--model", MODEL, "--text", "hello there", "--out", str(out), *flags)
 
 
-# ---- item 7: environment errors --------------------------------------------------------------------------
+# ---- environment errors ----------------------------------------------------------------------------------
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a 0o500 folder: chmod cannot test this")
 def test_capture_into_a_read_only_folder(tmp_path, monkeypatch, capsys):
     folder = tmp_path / "ro"
@@ -63,7 +63,7 @@ def test_device_map_on_a_gpu_this_build_lacks(tmp_path, monkeypatch, capsys, dev
     assert not out.exists()
 
 
-# ---- item 9: stale .partial files -------------------------------------------------------------------------
+# ---- stale .partial files ---------------------------------------------------------------------------------
 def _small_trace() -> Trace:
     return synthetic_trace(num_experts=8, k=2, n_group=1, topk_group=1, num_blocks=2, first_dense=0,
                            num_tokens=16)  # fmt: skip
@@ -112,7 +112,7 @@ def test_parquet_is_fsynced_before_the_rename(tmp_path, monkeypatch):
     assert events[kinds.index("fsync")][1] == size == events[kinds.index("replace")][1]
 
 
-# ---- item 11: messages that name the actual problem ------------------------------------------------------
+# ---- messages that name the actual problem ---------------------------------------------------------------
 def _fifo(tmp_path: Path) -> Path:
     path = tmp_path / "pipe.txt"
     os.mkfifo(path)

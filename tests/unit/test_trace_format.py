@@ -12,14 +12,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from moeviz.errors import TraceFormatError
-from moeviz.trace import Trace
+from moeviz.trace import TRACE_FORMAT, Trace
 from tests.support.traces import assert_traces_equal
 
 
 def test_foreign_parquet_is_rejected(tmp_path):
     path = tmp_path / "other.parquet"
     pq.write_table(pa.table({"a": [1, 2]}), path)
-    with pytest.raises(TraceFormatError, match="not a moeviz trace"):
+    with pytest.raises(TraceFormatError, match=r"no .moeviz. metadata"):
         Trace.from_parquet(path)
     junk = tmp_path / "junk.parquet"
     junk.write_bytes(b"not parquet at all")
@@ -76,7 +76,7 @@ def test_the_format_keeps_each_tokens_logits_once_and_reads_versions_1_and_2(tmp
     _write_v2(v3, v2)
     _write_v1(trace, v1)
     table = pq.read_table(v3)
-    assert json_format(table) == "moeviz.trace/4"
+    assert json_format(table) == TRACE_FORMAT
     logits = table.column("logits").combine_chunks()
     rank = table.column("rank").to_numpy()
     np.testing.assert_array_equal(logits.is_null().to_numpy(zero_copy_only=False), rank > 0)
@@ -117,7 +117,7 @@ def test_unknown_format_version_is_refused(tmp_path):
         num_experts=8, k=2, n_group=1, topk_group=1, num_blocks=2, first_dense=1, num_tokens=5
     ).to_parquet(tmp_path / "t.parquet")
     table = pq.read_table(path)
-    meta = table.schema.metadata[b"moeviz"].replace(b"moeviz.trace/4", b"moeviz.trace/99")
+    meta = table.schema.metadata[b"moeviz"].replace(TRACE_FORMAT.encode(), b"moeviz.trace/99")
     pq.write_table(table.replace_schema_metadata({b"moeviz": meta}), path)
     with pytest.raises(TraceFormatError, match=r"moeviz\.trace/99"):
         Trace.from_parquet(path)

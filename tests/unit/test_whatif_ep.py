@@ -253,7 +253,7 @@ def test_traffic_with_redundant_slots_places_every_expert():
     ("kwargs", "message"),
     [
         (dict(gpus=8, gpus_per_node=3), "whole nodes"),
-        (dict(gpus=4, gpus_per_node=2, redundant=2, placement="eplb"), "multiple of the GPU count"),
+        (dict(gpus=4, gpus_per_node=2, redundant=-4, placement="eplb"), "must be ≥ 0"),
         (dict(gpus=4, gpus_per_node=2, placement="random"), "unknown placement"),
         (dict(gpus=4, gpus_per_node=2, replica="first"), "unknown replica rule"),
         (dict(gpus=4, gpus_per_node=2, redundant=4), "contiguous placement has no redundant"),
