@@ -1,5 +1,5 @@
-"""How the app loads a model: dtype, device and a device map (the model picker's "Advanced" expander), and
-the model key that carries them. No Streamlit here.
+"""How the app loads a model: dtype, device, a device map and a PEFT adapter folder (the model picker's
+"Advanced" expander), and the model key that carries them. No Streamlit here.
 
 The app keys every model cache and capture on a *model key*: the source alone for the default options (so
 the keys are the sources they always were), else the source, `KEY_MARK` and the non-default options as JSON.
@@ -44,6 +44,7 @@ class LoadOptions:
     device_map: str = "none"
     offload_folder: str = ""
     max_memory: str = ""
+    adapter: str = ""  # a LoRA adapter folder merged over the model (`moeviz.load_model(adapter=...)`)
 
     def changed(self) -> dict[str, str]:
         """The options that differ from the defaults."""
@@ -61,12 +62,14 @@ class LoadOptions:
 
     def load_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of `moeviz.load_model`; LoadOptionError (or FolderNotAllowedError for an
-        offload folder outside MOEVIZ_MODEL_DIRS) for a value it cannot use."""
+        adapter or offload folder outside MOEVIZ_MODEL_DIRS) for a value it cannot use."""
         if self.dtype not in DTYPES:
             raise LoadOptionError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
         if self.device_map not in DEVICE_MAPS:
             raise LoadOptionError(f"unknown device map {self.device_map!r}: use none or auto")
         kwargs: dict[str, Any] = {"dtype": self.dtype, "device": self.device}
+        if self.adapter.strip():  # checked against the model folders' allowlist, as a model folder is
+            kwargs["adapter"] = str(access.folder_inside(self.adapter.strip(), "model"))
         folder, budget = self.offload_folder.strip(), self.max_memory.strip()
         if self.device_map == "none":
             if folder or budget:

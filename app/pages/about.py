@@ -15,6 +15,7 @@ from moeviz.architecture import (
     scaling_summary,
 )
 from moeviz.charts import bias_chart, layer_expert_heatmap
+from moeviz.models.adapters import AdapterInfo, adapted_modules_frame
 from moeviz.models.memory import format_bytes
 
 st.title("About the model")
@@ -133,6 +134,29 @@ if zero:
         "balance count only the routed experts.",
         width="content",
     )
+
+adapter = AdapterInfo.from_json(loaded.info.adapter)
+if adapter is not None:
+    adapted = adapted_modules_frame(adapter, loaded.model, loaded.sites)
+    st.subheader("Adapter")
+    a, b, c, d = st.columns(4)
+    a.metric("Type", "LoRA", help="A PEFT adapter, merged into the weights at load: this is the fine-tune")
+    b.metric("Rank r", adapter.rank, help="Each update is B·A, B [out, r] and A [r, in]")
+    c.metric(
+        "Alpha",
+        f"{adapter.alpha:g}",
+        help=f"The update is scaled by alpha/r = {adapter.alpha / adapter.rank:g}",
+    )
+    d.metric("Modules adapted", len(adapted))
+    kinds = adapted["kind"].value_counts()
+    st.caption(
+        f"Targets (its adapter_config.json): modules {', '.join(adapter.target_modules) or 'none'}; "
+        f"parameters {', '.join(adapter.target_parameters) or 'none'}. Adapted: "
+        + ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+        + f". Folder: {adapter.path}."
+    )
+    with st.expander("Adapted modules"):
+        st.dataframe(adapted, hide_index=True)
 
 st.subheader("Precision, device and memory")
 a, b, c, d = st.columns(4)

@@ -30,6 +30,7 @@ routings diff in about a second (benchmarks/bench_engine_diff.py).
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,7 @@ from moeviz.analysis.margins import margin_quartiles, router_margin
 from moeviz.analysis.structure import shared_rows
 from moeviz.errors import InputError
 from moeviz.trace import UNKNOWN_TOKEN, LayerRouting, Trace
+from moeviz.trace.records import CAPTURE_SOURCES
 
 DEFINITION = (
     "router mismatch = share of (token, layer) whose top-k expert sets differ (sets: slot order ignored); "
@@ -54,7 +56,6 @@ DEFINITION = (
 LN2 = math.log(2.0)
 CHUNK_ROWS = 1 << 15  # rows per block of the set comparison: its [k, chunk] blocks stay in cache
 POSITION_BINS = 1024  # at most this many position bins per layer (exact positions when sequences are shorter)
-CAPTURE_SOURCES = ("dispatch", "router_output", "recomputed")  # decision_source of moeviz's own captures
 
 
 # ---- alignment ------------------------------------------------------------------------------------------
@@ -419,8 +420,19 @@ def source_label(trace: Trace) -> str:
     """How a trace names its routing's source: decision source(s), model, dtype, device."""
     sources = sorted({r.decision_source for r in trace.layers}) or ["?"]
     info = trace.model
-    parts = ["+".join(sources), info.source, info.dtype or "dtype unknown", info.device or "device unknown"]
+    model = info.source
+    if info.adapter:  # a fine-tune over the same base is another source
+        model += " + adapter " + str(_adapter_path(info.adapter))
+    parts = ["+".join(sources), model, info.dtype or "dtype unknown", info.device or "device unknown"]
     return " · ".join(parts)
+
+
+def _adapter_path(adapter: str) -> str:
+    """The folder of `ModelInfo.adapter` (its JSON), or the text itself when it is not that JSON."""
+    try:
+        return str(json.loads(adapter)["path"])
+    except (ValueError, KeyError, TypeError):
+        return adapter
 
 
 def is_capture(trace: Trace) -> bool:

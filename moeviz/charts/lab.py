@@ -401,3 +401,65 @@ def lab_runs_chart(
     return alt.layer(*layers, data=data).properties(
         title=alt.Title(title, subtitle=subtitle), height=150, autosize=FIT_WIDTH
     )
+
+
+# Titles and subtitles of the fine-tune curves (`moeviz.lab.finetune.CURVE_METRICS`).
+FINETUNE_TITLES = {
+    "new_loss": ("New-domain loss", "held out: lower = adapted"),
+    "old_loss": ("Old-domain loss", "held out: higher = forgot"),
+    "router_mismatch": ("Router mismatch", "top-k sets changed vs the start model"),
+    "max_share": ("Max share", "busiest expert's share of the slots, worst layer"),
+    "aux_loss_megatron": ("Aux loss", "Megatron form: 1 = even load"),
+    "train_loss": ("Train loss", "new domain, each step"),
+}
+
+
+def lab_finetune_chart(
+    curves: pd.DataFrame,
+    metric: str,
+    *,
+    runs: list[str] | None = None,
+    steps: int | None = None,
+    reference: float | None = None,
+) -> alt.LayerChart:
+    """One fine-tune curve of several runs (one per mode) on shared axes, a colour per run, a point at each
+    evaluation (step 0 = the start model); `reference`: a dashed rule (the even share 1/E on max share).
+
+    Input: `moeviz.lab.curves.runs_curves` of the runs' `FinetuneRun.history()` frames (run, metric, step,
+    value, smoothed); the chart's one dataset is that frame's rows of `metric`. `runs`: the colour order."""
+    if metric not in FINETUNE_TITLES:
+        raise ValueError(f"unknown fine-tune metric {metric!r}; known: {sorted(FINETUNE_TITLES)}")
+    title, subtitle = FINETUNE_TITLES[metric]
+    data = curves[curves["metric"] == metric].reset_index(drop=True)
+    order = runs if runs is not None else list(dict.fromkeys(curves["run"]))
+    colour = alt.Color(
+        "run:N",
+        scale=alt.Scale(domain=order, range=[RUN_COLOURS[i % len(RUN_COLOURS)] for i in range(len(order))]),
+        legend=alt.Legend(title=None, orient="bottom", direction="horizontal", columns=2, symbolOpacity=1),
+    )
+    evaluated = metric not in ("train_loss", "aux_loss_megatron")
+    line = (
+        alt.Chart()
+        .mark_line(strokeWidth=1.8, point=alt.OverlayMarkDef(size=22, filled=True) if evaluated else False)
+        .encode(
+            x=_step_x(steps),
+            y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=metric == "router_mismatch")),
+            color=colour,
+            detail="run:N",
+            tooltip=[
+                alt.Tooltip("run:N"),
+                alt.Tooltip("step:Q"),
+                alt.Tooltip("value:Q", format=".3~f", title=title.lower()),
+            ],
+        )
+    )
+    layers = [line]
+    if reference is not None and math.isfinite(reference):
+        layers.append(
+            _one_mark()
+            .mark_rule(color=INK, strokeDash=[4, 3], opacity=0.6)
+            .encode(y=alt.datum(float(reference)), tooltip=alt.value(f"even share: {reference:.3f}"))
+        )
+    return alt.layer(*layers, data=data).properties(
+        title=alt.Title(title, subtitle=subtitle), height=150, autosize=FIT_WIDTH
+    )

@@ -84,6 +84,7 @@ def check_engine_flags(args: argparse.Namespace) -> None:
         "--device-map": getattr(args, "device_map", None) is not None,
         "--offload-folder": getattr(args, "offload_folder", None) is not None,
         "--max-memory": getattr(args, "max_memory", None) is not None,
+        "--adapter": getattr(args, "adapter", None) is not None,
     }
     misplaced = [flag for flag, value in given.items() if value]
     if misplaced:

@@ -50,12 +50,22 @@ def add_model_flags(
         help="dtype of the weights: auto = the checkpoint's own (fp16 loads as fp32 on a CPU)",
     )
     command.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda:N, mps")
+    command.add_argument(
+        "--adapter",
+        type=Path,
+        metavar="DIR",
+        help="a PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) over --model",
+    )
 
 
 def load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """Keyword arguments of `moeviz.load_model` from the flags `add_model_flags` added."""
+    """Keyword arguments of `moeviz.load_model` from the flags `add_model_flags` added (`adapter` only when
+    --adapter is given)."""
     dtype = getattr(args, "load_dtype", args.dtype)  # --load-dtype where --dtype is another flag's
-    return {"trust_remote_code": args.trust_remote_code, "dtype": dtype, "device": args.device}
+    kwargs = {"trust_remote_code": args.trust_remote_code, "dtype": dtype, "device": args.device}
+    if getattr(args, "adapter", None) is not None:
+        kwargs["adapter"] = args.adapter
+    return kwargs
 
 
 def add_placement_flags(command: argparse.ArgumentParser) -> None:

@@ -153,6 +153,7 @@ def _loading_flags(args: argparse.Namespace) -> dict[str, Any]:
         "--device-map": args.device_map,
         "--offload-folder": args.offload_folder,
         "--max-memory": args.max_memory,
+        "--adapter": args.adapter,
     }
 
 
@@ -235,7 +236,8 @@ def _corpus_batches(loaded, corpus, args) -> tuple[list[list[list[int]]], list[s
         raise InputError("--corpus needs a model with a tokenizer")
     length = min(args.chunk_tokens, loaded.max_length or args.chunk_tokens)
     max_chunks = args.max_chunks or REPORT_MAX_CHUNKS
-    sequences, domains, per_domain = [], [], {}
+    sequences, domains = [], []
+    per_domain: dict[str, int] = {}  # chunks taken so far from each domain
     for doc in corpus:
         room = max_chunks - per_domain.get(doc.domain, 0)
         if room <= 0:

@@ -107,6 +107,8 @@ def run_trace(args: argparse.Namespace) -> int:
     from moeviz.store.writer import write_corpus
 
     check_engine_flags(args)
+    if args.adapter is not None and (args.import_files or args.ray is not None or _is_series(args.model)):
+        raise InputError("--adapter merges over one model traced here: not with --import, --ray or a series")
     if args.import_files is not None:
         if args.engine == "vllm":
             raise InputError("--engine vllm runs a corpus through vLLM; --import reads files it wrote")
@@ -130,7 +132,8 @@ def run_trace(args: argparse.Namespace) -> int:
     if series and args.checkpoint:
         raise InputError("--checkpoint labels one model; a series takes its labels from the folders")
     # RUN_KEYWORDS, what every writer takes; a single model also takes its checkpoint label
-    common = {"model": args.label, "settings": settings, "resume": args.resume, "progress": not args.quiet}
+    label = args.label or (_adapter_label(args) if args.adapter is not None else None)
+    common = {"model": label, "settings": settings, "resume": args.resume, "progress": not args.quiet}
     checkpoint = args.checkpoint or "final"
     try:
         if ray is not None:
@@ -168,6 +171,15 @@ def run_trace(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     _print_runs(args.out)
     return 0
+
+
+def _adapter_label(args: argparse.Namespace) -> str:
+    """The store label of a model traced with --adapter and no --label: "<model>+<adapter folder>", so that
+    the fine-tune's run sits beside its base's instead of resuming it."""
+    from moeviz.store.layout import slug
+    from moeviz.store.writer import default_label
+
+    return slug(f"{default_label(args.model)}+{Path(args.adapter).name}")
 
 
 def _run_vllm(args: argparse.Namespace, checkpoint: str, common: dict[str, Any]) -> None:
