@@ -5,40 +5,73 @@ which 58 MoE, narrow widths; tests/support/scale_models.py) is saved to a tempor
 `streamlit run app/streamlit_app.py`, driven by Playwright in headless Debian Chromium (as bench_app.py).
 Measured, each from the user's action to the frame in which the browser has drawn the result:
 
-1. submit a new 1,000-token prompt → heatmap rendered: the whole time, and the part after the capture (from
-   the frame in which the capture's progress bar went away: the model's forward is the model's cost, not
-   the app's). Target: after the capture < 3 s. A fresh prompt each repetition.
+1. submit a new 1,000-token prompt → heatmap rendered, the model's forward included (a fresh prompt each
+   repetition; the CPU figures separate the server's part).
 2. switch MoE layer with the slider → heatmap of the new layer rendered (target < 0.5 s).
-3. click a heatmap cell → that token's drill-down (its scores at every layer × every expert, its path and
-   margins) drawn. At scale the drill-down is drawn on request (a click or its toggle), not after every
-   capture: this is what that request costs.
+3. sort the expert axis (by load, back by id) → heatmap redrawn; 4. pick an expert outside the layer's
+   top-N (the least loaded, from the benchmark's own capture of the prompt) → heatmap redrawn with its row;
+5. open the token's drill-down (its scores at every layer × every expert, its path and margins) → drawn
+   (targets < 0.5 s). At scale it is drawn on request, by a heatmap click or its toggle: the toggle here
+   (a click on the heatmap's canvas selected no cell in headless Chromium, at HEAD as now).
+
+Besides the wall time (the browser's clock, from the action to the first frame with the result), each
+interaction reports what it cost in CPU, which the load of a shared machine does not inflate: the browser's
+(Chromium's renderer process, `Performance.getMetrics` ProcessTime over the DevTools protocol) and the
+server's (the Streamlit process, user + system), from the action until the page has been quiet for
+QUIET_MS; and when each chart of the layer's views was last redrawn (a signature of its canvas or SVG
+compared every frame), ms after the action.
+
+Each interaction is reported as its median and spread (min–max) over its repetitions. Apps measured side by
+side in one run, one server and one browser each, their interactions interleaved: "current" (this checkout;
+`--variants svg raster` as two apps: MOEVIZ_RASTER_ABOVE past any heatmap, or the library's default), and
+with `--base DIR` another checkout (e.g. `git worktree add /tmp/rt-base HEAD`) as "base". `--skip-submit`
+leaves out the new prompts (measurement 1) after the first, which only loads the 1,000-token trace.
+`--profile` prints, per app, where the browser spent one layer switch (a CPU profile, self time by script).
+
+    python benchmarks/bench_app_scale.py [--base DIR] [--variants svg raster] [--skip-submit] [--profile]
 """
 
 from __future__ import annotations
 
+import argparse
+import collections
+import contextlib
+import dataclasses
 import os
+import re
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+import psutil
 from playwright.sync_api import Page, sync_playwright
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the launcher and models live with the tests
 import moeviz
+import tests.support.server as server
 from benchmarks.bench_app import _WAIT_JS as WAIT_JS
 from benchmarks.bench_app import REPEATS, SETTLE_MS, TIMEOUT_MS, caption_says, prompts, submit
 from tests.support.scale_models import save_scale_model
 from tests.support.server import CHROMIUM, CHROMIUM_ARGS, running_app
 
 TOKENS = 1000
-# "Drawn" = the heatmap's pixels differ from those before the action. bench_app.py compares the canvas's
-# `toDataURL()` every frame: a PNG encoding of a large canvas per frame takes a core of the two, slowing the
-# very server being timed. Here: the canvas scaled down to 48 × 48 pixels and hashed (about a millisecond).
-_HEATMAP_SIG = """(() => {
-  const c = document.querySelector('.st-key-heatmap canvas');
-  if (!c) { const s = document.querySelector('.st-key-heatmap svg.marks'); return s ? s.innerHTML : ''; }
+QUIET_MS = 400  # after the result is drawn: the page must stay unchanged this long before the CPU is read
+CHARTS = ("heatmap", "binned", "strip", "load", "token_scores")  # the containers (st.container keys) watched
+# A chart's signature: its canvas scaled down to 48 × 48 pixels and hashed (about a millisecond; a PNG
+# encoding of a large canvas per frame takes a core of the two), or its SVG's element count and text hashed.
+_SIG_JS = """(key) => {
+  const c = document.querySelector('.st-key-' + key + ' canvas');
+  if (!c) {
+    const s = document.querySelector('.st-key-' + key + ' svg.marks');
+    if (!s) return '';
+    const t = s.textContent; let h = s.querySelectorAll('*').length;  // markup: too costly every frame
+    for (let i = 0; i < t.length; i++) h = (h * 31 + t.charCodeAt(i)) | 0;
+    return 'svg' + t.length + ':' + h;
+  }
   const o = window.__sig || (window.__sig = document.createElement('canvas'));
   o.width = 48; o.height = 48;
   const x = o.getContext('2d');
@@ -47,69 +80,298 @@ _HEATMAP_SIG = """(() => {
   let h = 0;
   for (let i = 0; i < d.length; i++) h = (h * 31 + d[i]) | 0;
   return c.width + 'x' + c.height + ':' + h;
-})()"""
-MARK_JS = f"() => {{ window.__before = {_HEATMAP_SIG}; }}"
-HEATMAP_CHANGED = f"({_HEATMAP_SIG} !== '' && {_HEATMAP_SIG} !== window.__before)"
-# Watches, every frame, for the capture's progress bar to show and then go (the capture has finished).
-_WATCH_PROGRESS_JS = """() => {
-  window.__seen = false; window.__captured = null;
+}"""
+# Every frame: each chart's signature; the time it last changed since the mark (ms after the action).
+_WATCH_JS = f"""(keys) => {{
+  const sig = {_SIG_JS};
+  window.__sigOf = sig;
+  window.__before = sig('heatmap');
+  window.__last = {{}}; window.__changed = {{}}; window.__start = null;
+  const prev = {{}};
+  for (const k of keys) prev[k] = sig(k);
+  window.__watching = true;
+  const tick = () => {{
+    for (const k of keys) {{
+      const s = sig(k);
+      if (s !== prev[k]) {{ prev[k] = s; window.__changed[k] = performance.now(); }}
+    }}
+    window.__lastChange = Math.max(0, ...Object.values(window.__changed));
+    if (window.__watching) requestAnimationFrame(tick);
+  }};
+  tick();
+}}"""
+HEATMAP_CHANGED = "(window.__sigOf('heatmap') !== '' && window.__sigOf('heatmap') !== window.__before)"
+# Resolves once nothing watched has changed for `quiet` ms and nothing on the page is stale.
+_QUIET_JS = """([quiet, timeout]) => new Promise((resolve, reject) => {
+  const start = performance.now();
   const tick = () => {
-    const bar = document.querySelector('[data-testid="stProgress"]');
-    if (bar) window.__seen = true;
-    else if (window.__seen && window.__captured === null) window.__captured = performance.now();
-    if (window.__captured === null) requestAnimationFrame(tick);
+    const now = performance.now();
+    const stale = document.querySelector('[data-stale="true"]');
+    if (!stale && now - Math.max(window.__lastChange || 0, start) > quiet) { window.__watching = false;
+      resolve(now); }
+    else if (now - start > timeout) reject(new Error('the page never went quiet'));
+    else requestAnimationFrame(tick);
   };
   tick();
-}"""
-
-
-def timed_submit(page: Page, text: str) -> tuple[float, float]:
-    """(seconds from submit to the heatmap drawn, seconds from the capture's end to the heatmap drawn)."""
-    page.wait_for_timeout(SETTLE_MS)
-    page.evaluate(MARK_JS)
-    page.evaluate(_WATCH_PROGRESS_JS)
-    start = page.evaluate("() => performance.now()")
-    submit(page, text)()
-    end = page.evaluate(WAIT_JS, [f"{caption_says(TOKENS)} && {HEATMAP_CHANGED}", TIMEOUT_MS])
-    captured = page.evaluate("() => window.__captured")
-    return (end - start) / 1000, (end - (captured if captured is not None else start)) / 1000
-
-
-def timed_switch(page: Page, key: str) -> float:
-    page.wait_for_timeout(SETTLE_MS)
-    page.evaluate(MARK_JS)
-    start = page.evaluate("() => performance.now()")
-    page.get_by_role("slider", name="MoE layer").press(key)
-    end = page.evaluate(WAIT_JS, [HEATMAP_CHANGED, TIMEOUT_MS])
-    return (end - start) / 1000
-
-
+})"""
+# Watches, every frame, for the capture's progress bar to show and then go (the capture has finished).
 DRILLDOWN_TOGGLE = "Show this token at every layer"
 DRILLDOWN_DRAWN = (
     "document.querySelector('.st-key-token_scores canvas, .st-key-token_scores svg.marks') !== null"
 )
 
 
-def timed_click(page: Page, fraction: float) -> float:
-    """Click the heatmap at `fraction` of its width (the middle row) → the token's drill-down drawn."""
-    page.wait_for_timeout(SETTLE_MS)
-    canvas = page.locator(".st-key-heatmap canvas").first
-    canvas.scroll_into_view_if_needed()
-    box = canvas.bounding_box()
-    start = page.evaluate("() => performance.now()")
-    page.mouse.click(box["x"] + box["width"] * fraction, box["y"] + box["height"] * 0.5)
-    end = page.evaluate(WAIT_JS, [DRILLDOWN_DRAWN, TIMEOUT_MS])
-    return (end - start) / 1000
+@dataclasses.dataclass
+class Sample:
+    """One interaction on one app: wall seconds (action → drawn), browser and server CPU seconds (action →
+    quiet), and each chart's last redraw in ms after the action."""
+
+    wall: float
+    browser_cpu: float
+    server_cpu: float
+    charts: dict[str, float]
+    drawn_at: float  # the browser's clock (ms) in the frame the result was drawn
 
 
-def report(name: str, values: list[float], target: float | None) -> None:
-    verdict = "" if target is None else ("  PASS" if max(values) < target else "  MISS") + f" (< {target} s)"
-    each = ", ".join(f"{v:.2f}" for v in values)
-    spread = f"spread {max(values) - min(values):.2f} s"
-    print(f"{name:<52} median {statistics.median(values):6.2f} s  {spread}  [{each}]{verdict}", flush=True)
+@dataclasses.dataclass
+class App:
+    """One app under test: its browser page, DevTools session and server process."""
+
+    name: str
+    page: Page
+    cdp: object
+    server: psutil.Process
+
+    def cpu(self) -> tuple[float, float]:
+        """(the renderer's CPU seconds, the server's CPU seconds, children included) so far."""
+        metrics = {m["name"]: m["value"] for m in self.cdp.send("Performance.getMetrics")["metrics"]}
+        times = self.server.cpu_times()
+        return metrics["ProcessTime"], times.user + times.system
+
+    def timed(self, action: Callable[[], None], check: str, prepare: Callable[[], None] | None = None):
+        """`action()` → the first frame in which `check` holds (wall), then → quiet (CPU, charts)."""
+        self.page.wait_for_timeout(SETTLE_MS)
+        if prepare is not None:
+            prepare()
+        self.page.evaluate(_WATCH_JS, list(CHARTS))
+        browser0, server0 = self.cpu()
+        start = self.page.evaluate("() => performance.now()")
+        action()
+        end = self.page.evaluate(WAIT_JS, [check, TIMEOUT_MS])
+        self.page.evaluate(_QUIET_JS, [QUIET_MS, TIMEOUT_MS])
+        browser1, server1 = self.cpu()
+        changed = self.page.evaluate("() => window.__changed")
+        charts = {k: v - start for k, v in changed.items()}
+        return Sample((end - start) / 1000, browser1 - browser0, server1 - server0, charts, end)
+
+
+def submit_action(app: App, text: str) -> Callable[[], None]:
+    def act() -> None:
+        submit(app.page, text)()
+
+    return act
+
+
+def switch_action(app: App, key: str) -> Callable[[], None]:
+    return lambda: app.page.get_by_role("slider", name="MoE layer").press(key)
+
+
+def select_action(app: App, label: str, option: re.Pattern) -> tuple[Callable, Callable]:
+    """(prepare, action): open the selectbox `label` and type the start of the option; then click the
+    option whose label matches `option` (Enter would take the first match of the typed text, which may be
+    another option: "7" matches "17 · …")."""
+    typed = option.pattern.lstrip("^").split(" ")[0]
+
+    def prepare() -> None:
+        box = app.page.get_by_role("combobox", name=label, exact=True).first  # not "Sort experts by"
+        box.scroll_into_view_if_needed()
+        box.click()
+        app.page.keyboard.type(typed)
+        app.page.get_by_role("option", name=option).first.wait_for()
+
+    return prepare, lambda: app.page.get_by_role("option", name=option).first.click()
+
+
+def drilldown_action(app: App) -> tuple[Callable, Callable]:
+    """(prepare, action): close the token's drill-down if open; open it with its toggle (what a heatmap
+    click also does: in headless Chromium here a click on the heatmap's canvas selected no cell, at HEAD
+    as now, so the toggle stands in for it)."""
+    toggle = app.page.get_by_role("switch", name=DRILLDOWN_TOGGLE)
+
+    def prepare() -> None:
+        if toggle.is_checked():
+            app.page.get_by_text(DRILLDOWN_TOGGLE).click()
+            app.page.evaluate(WAIT_JS, [f"!({DRILLDOWN_DRAWN})", TIMEOUT_MS])
+            app.page.wait_for_timeout(SETTLE_MS)
+        toggle.scroll_into_view_if_needed()
+
+    return prepare, lambda: app.page.get_by_text(DRILLDOWN_TOGGLE).click()
+
+
+def report(name: str, samples: dict[str, list[Sample]], target: float | None) -> dict[str, float]:
+    """Print one interaction's medians and spreads per app (wall, browser CPU, server CPU, each chart's
+    last redraw); the wall medians."""
+    print(f"{name}", flush=True)
+    medians = {}
+    for app, values in samples.items():
+        wall = [s.wall for s in values]
+        verdict = "" if target is None else ("PASS" if max(wall) < target else "MISS") + f" (< {target} s)"
+
+        def stat(xs: list[float], unit: str = "s") -> str:
+            return f"{statistics.median(xs):6.2f} {unit} ({min(xs):.2f}–{max(xs):.2f})"
+
+        charts = {k for s in values for k in s.charts}
+        drawn = "  ".join(
+            f"{k} {statistics.median([s.charts[k] for s in values if k in s.charts]):.0f}"
+            for k in CHARTS
+            if k in charts
+        )
+        print(
+            f"  {app:<8} wall {stat(wall)}  browser CPU {stat([s.browser_cpu for s in values])}  "
+            f"server CPU {stat([s.server_cpu for s in values])}  {verdict}",
+            flush=True,
+        )
+        if drawn:
+            print(f"  {'':<8} last redraw, ms after the action (median): {drawn}", flush=True)
+        medians[app] = statistics.median(wall)
+    return medians
+
+
+def profile_switch(app: App) -> None:
+    """Where the renderer spent one layer switch: self time per script (and the top functions)."""
+    app.page.wait_for_timeout(SETTLE_MS)
+    app.cdp.send("Profiler.enable")
+    app.cdp.send("Profiler.setSamplingInterval", {"interval": 200})
+    app.cdp.send("Profiler.start")
+    app.timed(switch_action(app, "ArrowRight"), HEATMAP_CHANGED)
+    profile = app.cdp.send("Profiler.stop")["profile"]
+    nodes = {n["id"]: n for n in profile["nodes"]}
+    deltas = collections.Counter()
+    for node_id, delta in zip(profile["samples"], profile["timeDeltas"], strict=True):
+        deltas[node_id] += delta
+    by_script, by_function = collections.Counter(), collections.Counter()
+    for node_id, micros in deltas.items():
+        frame = nodes[node_id]["callFrame"]
+        script = frame["url"].rsplit("/", 1)[-1] or f"({frame['functionName'] or 'native'})"
+        by_script[script] += micros / 1000
+        function = f"{frame['functionName'] or '(anonymous)'} {script}:{frame['lineNumber']}"
+        by_function[function] += micros / 1000
+    print(f"  {app.name}: self time of one layer switch, ms by script:", flush=True)
+    for script, ms in by_script.most_common(8):
+        print(f"    {ms:8.0f}  {script}")
+    for fn, ms in by_function.most_common(10):
+        print(f"    {ms:8.0f}  {fn[:100]}")
+
+
+@contextlib.contextmanager
+def app_server(name: str, repo: Path, folder: Path, env: dict[str, str | None], pw):
+    """One app (a server from `repo` with `env` on top, and a browser of its own) on the page at scale."""
+    saved = {k: os.environ.get(k) for k in env}
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    known = {p.pid for p in psutil.Process().children()}
+    server.REPO, repo_before = repo, server.REPO  # `running_app` starts Streamlit in server.REPO
+    try:
+        with running_app(str(folder), start_timeout_s=300) as url:
+            (process,) = [p for p in psutil.Process().children() if p.pid not in known]
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                cdp = page.context.new_cdp_session(page)
+                cdp.send("Performance.enable", {"timeDomain": "threadTicks"})
+                page.goto(url, wait_until="domcontentloaded")
+                yield App(name, page, cdp, process)
+            finally:
+                browser.close()
+    finally:
+        server.REPO = repo_before
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def interleaved(apps: list[App], steps: list[Callable[[App], Sample]]) -> dict[str, list[Sample]]:
+    """Each step on every app in turn (the load of the machine falls on each alike)."""
+    out: dict[str, list[Sample]] = {app.name: [] for app in apps}
+    for step in steps:
+        for app in apps:
+            out[app.name].append(step(app))
+    return out
+
+
+def measure(apps: list[App], texts: list[str], quiet: list[int], skip_submit: bool, profile: bool) -> None:
+    """Every interaction on every app, interleaved; `quiet`: experts outside the top-N of the first MoE
+    layer, least loaded first."""
+    t0 = time.perf_counter()
+    cells = "document.querySelector('.st-key-heatmap canvas, .st-key-heatmap svg.marks') !== null"
+    for app in apps:
+        app.page.evaluate(WAIT_JS, [cells, TIMEOUT_MS])
+    print(f"{'first pages (model load, example analysed)':<52} {time.perf_counter() - t0:6.2f} s")
+
+    def timed_submit(text: str):
+        def step(app: App) -> Sample:
+            return app.timed(submit_action(app, text), f"{caption_says(TOKENS)} && {HEATMAP_CHANGED}")
+
+        return step
+
+    submits = interleaved(apps, [timed_submit(t) for t in (texts[:1] if skip_submit else texts)])
+    report(f"{TOKENS:,}-token prompt: submit → heatmap (with the capture)", submits, None)
+    switches = interleaved(
+        apps,
+        [
+            lambda app, key=key: app.timed(switch_action(app, key), HEATMAP_CHANGED)
+            for key in ("ArrowRight", "ArrowRight", "ArrowRight", "Home")
+        ],
+    )
+    report(f"switch MoE layer → heatmap ({TOKENS:,} tokens)", switches, 0.5)
+
+    def select(label: str, option: str):
+        def step(app: App) -> Sample:
+            prepare, action = select_action(app, label, re.compile(option))
+            return app.timed(action, HEATMAP_CHANGED, prepare)
+
+        return step
+
+    sorts = interleaved(apps, [select("Sort experts by", o) for o in ("^load", "^id", "^load", "^id")])
+    report("sort the experts (load / id) → heatmap", sorts, 0.5)
+    picks = interleaved(apps, [select("Expert", rf"^{e} · ") for e in quiet[:3]])
+    report("pick an expert outside the top-N → heatmap", picks, 0.5)
+
+    def drilldown(app: App) -> Sample:
+        prepare, action = drilldown_action(app)
+        return app.timed(action, DRILLDOWN_DRAWN, prepare)
+
+    opened = interleaved(apps, [drilldown] * 3)
+    report("open the token's drill-down (toggle) → drawn", opened, 0.5)
+    if profile:
+        for app in apps:
+            profile_switch(app)
+
+
+VARIANTS = {"svg": str(10**12), "raster": None}  # MOEVIZ_RASTER_ABOVE of each (None: the library's)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def least_loaded(loaded: moeviz.LoadedModel, text: str) -> list[int]:
+    """The experts of the first MoE layer for `text`, least loaded first (outside any top-N)."""
+    routing = moeviz.capture(loaded, text).layers[0]
+    experts = np.asarray(routing.experts).reshape(-1)
+    counts = np.bincount(experts[experts >= 0], minlength=routing.num_experts)
+    return [int(e) for e in np.argsort(counts, kind="stable")]
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=["raster"])
+    parser.add_argument("--base", type=Path, help="another checkout, measured side by side as 'base'")
+    parser.add_argument("--skip-submit", action="store_true")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         folder = save_scale_model("deepseek-v3", Path(tmp) / "deepseek-v3", max_position_embeddings=4096)
@@ -118,37 +380,22 @@ def main() -> None:
         print(
             f"moeviz app benchmark at scale · random DeepSeek-V3 shape: {routing[0].num_experts} experts, "
             f"top-{routing[0].k}, {len(routing)} MoE layers of {loaded.model.config.num_hidden_layers} · "
-            f"{TOKENS:,}-token prompts · {os.cpu_count()} CPUs (model built in "
-            f"{time.perf_counter() - t0:.0f} s)",
+            f"{TOKENS:,}-token prompts · {os.cpu_count()} CPUs, load average "
+            f"{os.getloadavg()[0]:.1f} (model built in {time.perf_counter() - t0:.0f} s)",
             flush=True,
         )
         texts = prompts(loaded, TOKENS, REPEATS)
+        # the experts outside the top-N of the page's layer after the switches (the first), from the last text
+        quiet = least_loaded(loaded, texts[0] if args.skip_submit else texts[-1])
         del loaded
-        with running_app(str(folder), start_timeout_s=300) as url, sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                t0 = time.perf_counter()
-                page.goto(url, wait_until="domcontentloaded")
-                cells = "document.querySelector('.st-key-heatmap canvas, .st-key-heatmap svg.marks') !== null"
-                page.evaluate(WAIT_JS, [cells, TIMEOUT_MS])
-                print(f"{'first page (model load, example analysed)':<52} {time.perf_counter() - t0:6.2f} s")
-                totals, after = zip(*(timed_submit(page, text) for text in texts), strict=True)
-                report(f"{TOKENS:,}-token prompt: submit → heatmap (all)", list(totals), None)
-                report(f"{TOKENS:,}-token prompt: capture done → heatmap", list(after), 3.0)
-                switches = [
-                    timed_switch(page, key) for key in ("ArrowRight", "ArrowRight", "ArrowRight", "Home")
-                ]
-                report(f"switch MoE layer → heatmap ({TOKENS:,} tokens)", switches, 0.5)
-                clicks = []
-                for fraction in (0.3, 0.5, 0.7):
-                    if page.get_by_role("switch", name=DRILLDOWN_TOGGLE).is_checked():  # close it first
-                        page.get_by_text(DRILLDOWN_TOGGLE).click()
-                        page.evaluate(WAIT_JS, [f"!({DRILLDOWN_DRAWN})", TIMEOUT_MS])
-                    clicks.append(timed_click(page, fraction))
-                report("click a heatmap cell → token drill-down drawn", clicks, None)
-            finally:
-                browser.close()
+        apps = [(v, REPO, {"MOEVIZ_RASTER_ABOVE": VARIANTS[v]}) for v in args.variants]
+        if args.base is not None:
+            apps.insert(0, ("base", args.base.resolve(), {"MOEVIZ_RASTER_ABOVE": None}))
+        with sync_playwright() as pw, contextlib.ExitStack() as stack:
+            running = [stack.enter_context(app_server(n, repo, folder, env, pw)) for n, repo, env in apps]
+            print("apps: " + ", ".join(f"{n} ({repo}, {env})" for n, repo, env in apps), flush=True)
+            measure(running, texts, quiet, args.skip_submit, args.profile)
+        print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ weights (`mid_size_mixtral`). Targets (issue 18): capture ≤ 1.03× plain on th
 nnsight is a dev extra (`pip install -e .[dev]`), imported only here; without it its column is skipped.
 
     python benchmarks/bench_capture_overhead.py [--tokens 512] [--rounds 30] [--runs 3] [--models sample,mid]
+        [--experts-implementation auto]   # or eager, grouped_mm, batched_mm: how the experts compute
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from moeviz.trace import ModelInfo
 TARGETS = {"sample:mixtral-healthy": 1.03, "mixtral d=512": 1.01}
 
 
-def mid_size_mixtral() -> LoadedModel:
+def mid_size_mixtral(experts_implementation: str = "auto") -> LoadedModel:
     """A Mixtral of more realistic proportions (d=512, 8 layers, 8 experts) with random weights."""
     from transformers import MixtralConfig, MixtralForCausalLM
 
@@ -48,6 +49,8 @@ def mid_size_mixtral() -> LoadedModel:
         max_position_embeddings=4096,
     )
     model = MixtralForCausalLM(config).eval()
+    if experts_implementation != "auto":
+        model.set_experts_implementation(experts_implementation)
     info = ModelInfo(
         source="random mixtral d=512 L=8 E=8", model_type="mixtral", architecture="Mixtral", num_layers=8
     )
@@ -121,6 +124,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30, help="interleaved rounds per measurement")
     parser.add_argument("--runs", type=int, default=3, help="times the whole measurement is repeated")
     parser.add_argument("--models", default="sample,mid", help="comma-separated: sample, mid")
+    parser.add_argument(
+        "--experts-implementation", default="auto", help="load_model's: auto, eager, grouped_mm, batched_mm"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     try:
@@ -133,9 +139,13 @@ def main() -> None:
         f"torch threads: {torch.get_num_threads()}, tokens: {args.tokens}, rounds: {args.rounds} "
         f"(interleaved, CPU time, medians), runs: {args.runs}; peer: {peer}"
     )
+    experts = args.experts_implementation
     loaders = {
-        "sample": ("sample:mixtral-healthy", lambda: moeviz.load_model("sample:mixtral-healthy")),
-        "mid": ("mixtral d=512", mid_size_mixtral),
+        "sample": (
+            "sample:mixtral-healthy",
+            lambda: moeviz.load_model("sample:mixtral-healthy", experts_implementation=experts),
+        ),
+        "mid": ("mixtral d=512", lambda: mid_size_mixtral(experts)),
     }
     for key in args.models.split(","):
         label, load = loaders[key.strip()]

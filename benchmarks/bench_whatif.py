@@ -1,12 +1,15 @@
 """Deployment what-if benchmark: the simulators over a store of ~1 M routed tokens × 8 MoE layers.
 
-Targets (issue 16): expert parallelism < 2 s, all cache policies at one C < 5 s, capacity replay for 4 CFs
-< 2 s. CPU time (`time.process_time`, one torch/numpy thread) over 3 repeats, median and spread.
+Targets: expert parallelism < 2 s (also at E = 256 on 32 GPUs with 32 redundant slots), all cache
+policies at one C < 5 s, capacity replay for 4 CFs < 2 s. CPU time (`time.process_time`, one torch/numpy
+thread) over 3 interleaved repeats, median and spread. Each simulator that changed since `--baseline` (a git
+revision) also runs as it was there, side by side on the same routes, with the ratio of the medians.
 The routing is synthetic but shaped like real routing: Zipf-skewed expert popularity and temporal locality
 (a token repeats its predecessor's experts half of the time), so caches and placements have something to
 find. Reading the store into `Routes` is timed separately.
 
 Run: .venv/bin/python benchmarks/bench_whatif.py [--experts 8] [--tokens 1048576]
+     .venv/bin/python benchmarks/bench_whatif.py --experts 256 --gpus 32 --gpus-per-node 8
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -34,14 +40,34 @@ from moeviz.whatif.offload import POLICIES, simulate_offload_policies
 from moeviz.whatif.routes import routes_from_store
 
 LAYERS, K, SEQ = 8, 2, 1024
+CHUNK = 65536
+REPO = Path(__file__).resolve().parents[1]
+BASELINE = "52d47fb"  # the revision before the capacity replay counted drops by level
+
+
+def baseline_module(revision: str, path: str) -> types.ModuleType:
+    """The module at `path` as it was at git `revision`, loaded beside today's (its imports are today's)."""
+    source = subprocess.run(
+        ["git", "show", f"{revision}:{path}"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    name = f"baseline_{revision}_{Path(path).stem}"
+    module = types.ModuleType(name)
+    module.__file__ = f"{revision}:{path}"
+    sys.modules[name] = module  # dataclasses look their module up
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    return module
 
 
 def synthetic_experts(rng: np.random.Generator, tokens: int, experts: int) -> np.ndarray:
     """[tokens, K] distinct experts per token: Zipf popularity, half of the tokens repeat the previous set."""
     popularity = 1.0 / np.arange(1, experts + 1) ** 0.8
     popularity = rng.permutation(popularity / popularity.sum())
-    keys = rng.random((tokens, experts)) ** (1.0 / popularity)  # weighted sampling without replacement
-    fresh = np.argsort(-keys, axis=1)[:, :K]
+    fresh = np.empty((tokens, K), dtype=np.int64)
+    for start in range(0, tokens, CHUNK):  # chunks draw the same numbers as one call, in less memory
+        keys = rng.random((min(CHUNK, tokens - start), experts)) ** (1.0 / popularity)  # weighted sampling
+        top = np.argpartition(-keys, K - 1, axis=1)[:, :K]  # without replacement: the K largest keys
+        order = np.argsort(-np.take_along_axis(keys, top, axis=1), axis=1)
+        fresh[start : start + len(keys)] = np.take_along_axis(top, order, axis=1)
     repeat = rng.random(tokens) < 0.5
     repeat[::SEQ] = False  # a sequence starts fresh
     source = np.maximum.accumulate(np.where(repeat, 0, np.arange(tokens)))
@@ -50,7 +76,19 @@ def synthetic_experts(rng: np.random.Generator, tokens: int, experts: int) -> np
 
 def write_store(root: Path, tokens: int, experts: int) -> None:
     rng = np.random.default_rng(0)
-    folder, _ = prepare_run(root, "synthetic", "final", {"source": "synthetic"}, resume=False)
+    config = {  # a complete run file, as `moeviz.store.run_file` checks it
+        "source": "synthetic",
+        "model_type": "synthetic",
+        "corpus": None,
+        "corpus_id": "synthetic",
+        "chunk_tokens": None,
+        "batch_size": 1,
+        "max_batches": None,
+        "confidence": False,
+        "checkpoint_index": 0,
+        "total_batches": None,
+    }
+    folder, _ = prepare_run(root, "synthetic", "final", config, resume=False)
     layers = []
     for layer in range(LAYERS):
         chosen = synthetic_experts(rng, tokens, experts)
@@ -82,7 +120,16 @@ def write_store(root: Path, tokens: int, experts: int) -> None:
         pq.write_table(table, folder / name, compression="zstd")
         entry = {"batch": layer, "file": name, "rows": n, "bytes": (folder / name).stat().st_size}
         append_manifest(folder / "manifest.jsonl", {**entry, "tokens": tokens, "token_hash": ""})
-        layers.append({"site": "mlp", "layer": layer, "num_experts": experts, "k": K})
+        layers.append(
+            {
+                "site": "mlp",
+                "layer": layer,
+                "num_experts": experts,
+                "k": K,
+                "score_fn": "softmax",
+                "bias": None,
+            }
+        )
     finish_run(folder, LAYERS, layers)
 
 
@@ -97,6 +144,9 @@ def main() -> None:
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=2**20)
     parser.add_argument("--cache", type=int, default=4)
+    parser.add_argument("--gpus", type=int, default=None, help="default 4 (2 when E is not a multiple)")
+    parser.add_argument("--gpus-per-node", type=int, default=2)
+    parser.add_argument("--baseline", default=BASELINE, help="git revision to compare with")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -106,10 +156,14 @@ def main() -> None:
         for _ in range(3):
             read.append(timed(lambda: routes_from_store(root)))
         routes = routes_from_store(root)
-    gpus = 4 if args.experts % 4 == 0 else 2
-    ep = EPConfig(gpus=gpus, gpus_per_node=2, hidden_size=4096)
-    eplb = EPConfig(gpus=gpus, gpus_per_node=2, redundant=gpus, placement="eplb", hidden_size=4096)
+    old_capacity = baseline_module(args.baseline, "moeviz/whatif/capacity.py")
+    gpus = args.gpus or (4 if args.experts % 4 == 0 else 2)
+    ep = EPConfig(gpus=gpus, gpus_per_node=args.gpus_per_node, hidden_size=4096)
+    eplb = EPConfig(
+        gpus=gpus, gpus_per_node=args.gpus_per_node, redundant=gpus, placement="eplb", hidden_size=4096
+    )
     cfs = (1.0, 1.25, 1.5, 2.0)
+    old = f" [{args.baseline}]"
     contenders = {
         f"expert parallelism, contiguous, {gpus} GPUs": lambda: simulate_ep(routes, ep),
         f"expert parallelism, EPLB fit + replay, {gpus} GPUs + {gpus} redundant": lambda: simulate_ep(
@@ -119,8 +173,19 @@ def main() -> None:
             simulate_offload_policies(routes, args.cache, POLICIES)
         ),
         "capacity replay, 4 CFs (probs)": lambda: replay_capacity(routes, cfs, policy="probs"),
+        f"capacity replay, 4 CFs (probs){old}": lambda: old_capacity.replay_capacity(
+            routes, cfs, policy="probs"
+        ),
         "capacity replay, 4 CFs (position)": lambda: replay_capacity(routes, cfs, policy="position"),
+        f"capacity replay, 4 CFs (position){old}": lambda: old_capacity.replay_capacity(
+            routes, cfs, policy="position"
+        ),
     }
+    same = (
+        replay_capacity(routes, cfs, policy="probs")
+        .layers_frame()
+        .equals(old_capacity.replay_capacity(routes, cfs, policy="probs").layers_frame())
+    )
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(3):  # interleaved
         for name, run in contenders.items():
@@ -129,7 +194,13 @@ def main() -> None:
     print(f"{routes.tokens:,} routed tokens × {len(routes.layers)} layers, {shape}")
     for name, values in {"read the store into Routes": read, **times}.items():
         spread = f"{min(values):.2f}–{max(values):.2f}"
-        print(f"  {name}: {statistics.median(values):.2f} s CPU (spread {spread})")
+        ratio = ""
+        if name.endswith(old):
+            ratio = (
+                f"; today's is {statistics.median(times[name[: -len(old)]]) / statistics.median(values):.2f}×"
+            )
+        print(f"  {name}: {statistics.median(values):.2f} s CPU (spread {spread}){ratio}")
+    print(f"  capacity replay (probs) per-layer frame identical to {args.baseline}'s: {same}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ on first use) above; `frames_for` picks. Both answer the same per-layer question
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 from collections.abc import Sequence
@@ -70,6 +71,9 @@ def build_routing_frames(trace: moeviz.Trace) -> RoutingFrames:
     )
 
 
+SCORES_KEPT = 16  # (layer, experts) score tables a ScaleFrames keeps (~30k rows each at 1k tokens × 32)
+
+
 class ScaleFrames:
     """The Routing page's frames at scale (over 20 experts: the N × E × L tables of `RoutingFrames` would be
     15 million rows at 256 experts × 61 layers × 1k tokens): per layer and expert load
@@ -86,6 +90,7 @@ class ScaleFrames:
         self._load_by_layer = dict(list(self.load.groupby(["site", "layer"], sort=False)))
         self._routing: dict[tuple[str, int], pd.DataFrame] = {}
         self._orders: dict[str, np.ndarray] = {}
+        self._scores: collections.OrderedDict[tuple, pd.DataFrame] = collections.OrderedDict()
         self._lock = threading.Lock()
 
     def order(self, by: str) -> np.ndarray:
@@ -117,9 +122,19 @@ class ScaleFrames:
             return self._routing.setdefault(key, frame)
 
     def layer_scores(self, site: str, layer: int, experts: Sequence[int] | None = None) -> pd.DataFrame:
-        """The `Trace.scores_frame` rows of one MoE layer for `experts` (built on each call: they change
-        with the expert axis)."""
-        return layer_scores_frame(self.trace, layer, site, experts)
+        """The `Trace.scores_frame` rows of one MoE layer for `experts`, kept for the SCORES_KEPT latest
+        (layer, experts): a token click or a sort redraws a layer whose rows were built already."""
+        key = (site, layer, None if experts is None else tuple(int(e) for e in experts))
+        with self._lock:
+            if key in self._scores:
+                self._scores.move_to_end(key)
+                return self._scores[key]
+        frame = layer_scores_frame(self.trace, layer, site, experts)
+        with self._lock:
+            self._scores[key] = frame
+            while len(self._scores) > SCORES_KEPT:
+                self._scores.popitem(last=False)
+        return frame
 
 
 def frames_for(trace: moeviz.Trace) -> RoutingFrames | ScaleFrames:

@@ -1,8 +1,9 @@
 """Attention: per-head summaries per layer, one head's map over a visible window, the KV-cache what-if."""
 
 import streamlit as st
-from components import caches, exports, page_input, pickers, prompt, widgets
+from components import caches, exports, page_input, pickers, prompt, share, widgets
 
+from moeviz import snippets
 from moeviz.charts import (
     HEAD_METRICS,
     attention_block_frame,
@@ -11,7 +12,8 @@ from moeviz.charts import (
     kv_whatif_heatmap,
     token_window,
 )
-from moeviz.charts.attention import MAP_SCALES
+from moeviz.charts.attention import MAP_SCALES, attention_map_raster
+from moeviz.charts.raster import RASTER_ABOVE, use_raster
 from moeviz.whatif.kv_cache import kv_cache_whatif
 
 WINDOW_SIZES = [16, 32, 64, 128]  # query rows (and key columns) of the visible map: at most 128² cells
@@ -39,12 +41,35 @@ st.caption(
 )
 
 
+# At scale (a 61-layer model) the page summarises only the layers its head grid shows, GRID_LAYERS at a
+# time, each layer once per window (cached in the capture); the head map and its metrics come first, before
+# the grid's summaries, so the page paints as soon as one head is computed.
+GRID_LAYERS = 12
+HEAD_GRID_KEYS = [f"heads_{metric}_chart" for metric in HEAD_METRICS]
+
+
+def grid_layers() -> list[int]:
+    """The layers the head grid (and the KV what-if) shows: every map layer up to GRID_LAYERS, else a
+    window of GRID_LAYERS chosen with a slider."""
+    layers = att.map_layers
+    if len(layers) <= GRID_LAYERS:
+        return layers
+    first = st.select_slider(
+        "Layers in the head grid (from)",
+        layers[: len(layers) - GRID_LAYERS + 1],
+        key="attention_grid_from",
+        help=f"{len(layers)} layers: the grid and the KV what-if show {GRID_LAYERS} at a time, each layer "
+        "summarised when first shown.",
+    )
+    start = layers.index(first)
+    return layers[start : start + GRID_LAYERS]
+
+
 # Widgets rerun only their part: a clicked head or a moved window redraws the grid and the map, the
 # what-if inputs redraw the what-if.
 @st.fragment
-def heads_and_map() -> None:
-    """The head grid (every layer × head) and one head's map over a visible window."""
-    st.subheader("Every head at a glance")
+def heads_and_map(shown: list[int]) -> None:
+    """The head grid (the shown layers × every head) and one head's map; the map first."""
     window = widgets.number(
         "Local window W (tokens)",
         "attention_window",
@@ -53,22 +78,33 @@ def heads_and_map() -> None:
         4096,
         help="Keys with 0 ≤ i − j < W count as local (local mass; kind local when > 0.5).",
     )
-    bar = st.progress(0.0, text="Summarising the heads…")
-    for i, layer in enumerate(att.map_layers):  # fills the capture's cache, layer by layer, with progress
-        bar.progress(i / len(att.map_layers), text=f"Summarising the heads of layer {layer}…")
-        att.summaries(window, layers=[layer])
-    bar.empty()
-    heads = att.head_summary(window)
+    grid = st.container()  # above the map, filled after it
+    # the grid's click of the last run (its charts are drawn below, after the map)
+    clicked = pickers.clicked_head(*(st.session_state.get(key) for key in HEAD_GRID_KEYS))
+    head_map(window, clicked)
+    with grid:
+        head_grid(window, shown)
 
-    events = []
+
+def head_grid(window: int, shown: list[int]) -> None:
+    """The head grid of the `shown` layers, summarised layer by layer with a progress bar."""
+    st.subheader("Every head at a glance")
+    todo = [layer for layer in shown if not att.has_statistics(layer, window)]
+    if todo:
+        bar = st.progress(0.0, text="Summarising the heads…")
+        for i, layer in enumerate(todo):  # fills the capture's cache, layer by layer, with progress
+            bar.progress(i / len(todo), text=f"Summarising the heads of layer {layer}…")
+            att.token_statistics(layer, window, 0)
+        bar.empty()
+    heads = att.subset(shown).head_summary(window)
+    if len(shown) < len(att.map_layers):
+        st.caption(f"Layers {shown[0]}–{shown[-1]} of {len(att.map_layers)} with a map (choose above).")
     longest = int(att.lengths.max())  # the colour scales run to what a head can reach at this length
     columns = st.columns(2)
     for i, (metric, (_, _, explanation)) in enumerate(HEAD_METRICS.items()):
         with columns[i % 2]:
-            events.append(
-                exports.show_chart(
-                    head_metric_heatmap(heads, metric, num_tokens=longest), f"heads_{metric}", select=True
-                )
+            exports.show_chart(
+                head_metric_heatmap(heads, metric, num_tokens=longest), f"heads_{metric}", select=True
             )
             st.caption(explanation)
     if att.no_map:
@@ -79,18 +115,22 @@ def heads_and_map() -> None:
         )
     exports.table_downloads(heads, "head_summary")
 
-    # one head's map ---------------------------------------------------------------------------------------
+
+def head_map(window: int, clicked: tuple[int, int] | None) -> None:
+    """One head's map: a window of rect cells, or (over RASTER_ABOVE cells: the whole sequence at scale)
+    one image; its metrics from its own layer's summary."""
     st.subheader("One head's map", anchor="map")
-    layer, head = pickers.pick_head(
-        att.map_layers, att.layers[att.map_layers[0]].num_heads, pickers.clicked_head(*events)
-    )
-    size = WINDOW_SIZES[-1]
+    layer, head = pickers.pick_head(att.map_layers, att.layers[att.map_layers[0]].num_heads, clicked)
+    sizes = WINDOW_SIZES + ([num_tokens] if num_tokens > WINDOW_SIZES[-1] else [])
+    size = sizes[-1]
     if num_tokens > WINDOW_SIZES[0]:
         size = st.select_slider(
             "Window (tokens)",
-            WINDOW_SIZES,
+            sizes,
             value=64,
-            help="Query rows and key columns shown; computed on demand",
+            format_func=lambda n: f"all {n}" if n == num_tokens and n > WINDOW_SIZES[-1] else str(n),
+            help="Query rows and key columns shown; computed on demand. Over "
+            f"{RASTER_ABOVE:,} cells the map is drawn as an image (hover for the weights).",
         )
     r0, c0 = 0, 0
     if num_tokens > size:
@@ -100,20 +140,24 @@ def heads_and_map() -> None:
     rows = range(*token_window(num_tokens, max_tokens=size, start=r0))
     cols = range(*token_window(num_tokens, max_tokens=size, start=c0))
     block = att.block(layer, head, seq, rows=list(rows), cols=list(cols))
-    cells = attention_block_frame(block, rows, cols, tokens)
-    picked = heads[(heads["layer"] == layer) & (heads["head"] == head)].iloc[0]
+    picked = att.subset([layer]).head_summary(window)
+    picked = picked[picked["head"] == head].iloc[0]
     # log by default: over hundreds of keys the weights are ~1/T, one flat grey on a 0–1 scale
     shade = st.radio(
         "Colour", list(MAP_SCALES), format_func=MAP_SCALES.get, horizontal=True, key="attention_map_scale"
     )
-    exports.show_chart(
-        attention_map_chart(cells, title=f"Layer {layer}, head {head} ({picked['kind']})", scale=shade),
-        "attention_map",
-    )
+    heading = f"Layer {layer}, head {head} ({picked['kind']})"
+    raster = use_raster(len(rows), len(cols))
+    if raster:
+        exports.show_chart(
+            attention_map_raster(block, rows, cols, tokens, title=heading, scale=shade), "attention_map"
+        )
+    else:
+        cells = attention_block_frame(block, rows, cols, tokens)
+        exports.show_chart(attention_map_chart(cells, title=heading, scale=shade), "attention_map")
     st.caption(
         "Cell (i, j) = p_ij = softmax_j(scaling · q_i · k_j + mask), the share of query i's attention on "
-        "key j, recomputed exactly from the captured queries and keys for this window only (never the whole "
-        "T × T map). "
+        "key j, recomputed exactly from the captured queries and keys for this window only (never kept). "
         "Rows are normalised over all keys, so a window's row may sum to less than 1; future keys are 0."
     )
     m1, m2, m3, m4 = st.columns(4)
@@ -123,11 +167,27 @@ def heads_and_map() -> None:
     )
     m3.metric("Sink mass", f"{picked['mean_sink_mass']:.0%}", help=HEAD_METRICS["mean_sink_mass"][2])
     m4.metric("Local mass", f"{picked['mean_local_mass']:.0%}", help=HEAD_METRICS["mean_local_mass"][2])
-    exports.table_downloads(cells, f"attention_L{layer}_H{head}")
+    if not raster:
+        exports.table_downloads(cells, f"attention_L{layer}_H{head}")
+    share.reproduce(
+        lambda: snippets.attention_view(
+            share.snippet_input(source, text=text),
+            layer,
+            head,
+            window=window,
+            rows=rows,
+            cols=cols,
+            scale=shade,
+            keep_last=st.session_state.get("whatif_window", min(256, max(num_tokens // 2, 1))),
+            keep_first=st.session_state.get("whatif_global", 4),
+            seq=seq,
+        ),
+        "the head grid, this head's map and the KV-cache what-if",
+    )
 
 
 @st.fragment
-def kv_cache() -> None:
+def kv_cache(shown: list[int]) -> None:
     """KV-cache bytes per token and the mass each head would lose with a smaller cache."""
     st.subheader("KV cache: what if it kept less?")
     per_token = att.kv_cache_bytes_per_token()
@@ -163,7 +223,7 @@ def kv_cache() -> None:
     with b:
         keep_first = widgets.number("… plus the first G tokens", "whatif_global", 4, 0, 1_000_000)
     with st.spinner("Measuring the mass each head would lose…"):
-        whatif = kv_cache_whatif(att, keep_last, keep_first)
+        whatif = kv_cache_whatif(att.subset(shown), keep_last, keep_first)
     exports.show_chart(
         kv_whatif_heatmap(whatif, title=f"Attention mass lost with W = {keep_last}, G = {keep_first}"),
         "kv_whatif",
@@ -172,14 +232,16 @@ def kv_cache() -> None:
     # sizes, so never deduplicate the values themselves)
     sizes = whatif.groupby("layer")[["full_cache_bytes", "whatif_cache_bytes"]].first()
     full, kept = int(sizes["full_cache_bytes"].sum()), int(sizes["whatif_cache_bytes"].sum())
+    where = "of every layer" if len(shown) == len(att.map_layers) else f"of layers {shown[0]}–{shown[-1]}"
     st.caption(
         "Lost mass of query i = Σ p_ij over the keys such a cache would have evicted (i − j ≥ W and j ≥ G): "
-        f"what the head could no longer see. The cache would hold {kept / 2**20:.2f} MiB instead of "
+        f"what the head could no longer see. The cache {where} would hold {kept / 2**20:.2f} MiB instead of "
         f"{full / 2**20:.2f} MiB at the longest sequence (saves {1 - kept / full if full else 0:.0%}): per "
         "layer, at most W + G of the tokens it keeps now (all of them, or its own sliding window)."
     )
     exports.table_downloads(whatif, "kv_whatif")
 
 
-heads_and_map()
-kv_cache()
+SHOWN = grid_layers()  # outside the fragments: the grid and the KV what-if both follow it
+heads_and_map(SHOWN)
+kv_cache(SHOWN)

@@ -2,10 +2,11 @@
 token in detail."""
 
 import streamlit as st
-from components import caches, expert_axis, exports, page_input, pickers, widgets
+from components import caches, expert_axis, exports, page_input, pickers, share, widgets
 from components.routing_frames import band_text, layer_line
 from components.scale import trace_at_scale
 
+from moeviz import snippets
 from moeviz.analysis import (
     coactivation_pair_counts,
     expert_scores_frame,
@@ -27,6 +28,7 @@ from moeviz.charts import (
     token_strip_chart,
     token_window,
 )
+from moeviz.charts.scale import order_in_data
 
 MAX_TOKENS = 200  # tokens per heatmap window
 MAX_KEYS = 200  # keys shown of a token's attention row
@@ -86,7 +88,8 @@ def layer_views() -> None:
     axis = expert_axis.expert_axis(load, lambda: coactivation_pair_counts(trace, layer, site))
     scores = frames.layer_scores(site, layer, axis.shown)
     # Overview and strip sit above the heatmap but are drawn after it: the heatmap, what a layer switch is
-    # for, reaches the browser first.
+    # for, reaches the browser first. Both heatmaps take the expert order from their data (`order_in_data`):
+    # a sort or a picked expert changes their data alone, which the browser patches into the drawn charts.
     above = st.container()
     heatmap_and_token(site, layer, axis, scores)
     with above:
@@ -95,12 +98,24 @@ def layer_views() -> None:
                 scores, max_bins=BINS, title=f"Dispatch over the whole input, layer {layer}"
             )
             exports.show_chart(
-                exports.many_marks(expert_axis.sort_axis(binned, axis.shown), BINS * len(axis.shown)),
+                exports.many_marks(order_in_data(binned, axis.shown), BINS * len(axis.shown)),
                 "binned",
             )
         if RANKED:  # its colour is each token's top-1 expert (`not_shown` says so otherwise)
             token_strip(site, layer, axis)
     load_view(site, layer, axis)
+    share.reproduce(
+        lambda: snippets.routing_view(
+            share.snippet_input(source, chosen),
+            layer,
+            site,
+            token=share.kept_token(),
+            experts=axis.shown if axis.at_scale else None,
+            max_tokens=WINDOW,
+            start=lo,
+        ),
+        "this layer's views",
+    )
 
 
 def token_strip(site: str, layer: int, axis: expert_axis.ExpertAxis) -> None:
@@ -153,9 +168,7 @@ def heatmap_and_token(site: str, layer: int, axis: expert_axis.ExpertAxis, score
         scores, max_tokens=WINDOW, start=lo, title=f"{heading}, layer {layer}", experts=axis.shown
     )
     event = exports.show_chart(
-        exports.many_marks(
-            expert_axis.sort_axis(heatmap, axis.shown), min(num_tokens, WINDOW) * len(axis.shown)
-        ),
+        exports.many_marks(order_in_data(heatmap, axis.shown), min(num_tokens, WINDOW) * len(axis.shown)),
         "heatmap",
         select=True,
     )

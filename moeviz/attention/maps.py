@@ -16,6 +16,7 @@ Not persisted: `Trace.to_parquet` does not store attention; a trace read back ha
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections.abc import Iterator
@@ -204,6 +205,11 @@ class AttentionCapture:
             self._cache[key] = out
         return out
 
+    def has_statistics(self, layer: int, window: int, global_tokens: int = 0) -> bool:
+        """Whether `token_statistics(layer, window, global_tokens)` is cached (a call costs nothing)."""
+        with self._lock:
+            return (layer, window, global_tokens) in self._cache
+
     def summaries(self, window: int = 32, layers: list[int] | None = None) -> pd.DataFrame:
         """Tidy per-token head summaries: one row per (layer, head, seq, pos) of every real token.
 
@@ -213,7 +219,8 @@ class AttentionCapture:
         """
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
-        layers, geometry = self._layers_arg(layers), {}
+        layers = self._layers_arg(layers)
+        geometry: dict = {}  # shared by the layers: those with the same intervals share block masks
         stats = [self.token_statistics(layer, window, 0, geometry) for layer in layers]
         return self._frame(layers, stats, SUMMARY_STATS)
 
@@ -263,6 +270,15 @@ class AttentionCapture:
         if len(missing):
             grid = pd.concat([grid, missing], ignore_index=True)
         return grid.sort_values(["layer", "head"], ignore_index=True)
+
+    def subset(self, layers: list[int]) -> AttentionCapture:
+        """A view of the softmax layers `layers` only (those without a softmax map left out), sharing this
+        capture's statistics cache: what a page showing some layers summarises, computed once for both."""
+        keep = sorted(int(layer) for layer in layers if int(layer) in self.layers)
+        return dataclasses.replace(
+            self, layers={layer: self.layers[layer] for layer in keep}, no_map={}, linear={},
+            _cache=self._cache, _lock=self._lock,
+        )  # fmt: skip
 
     # ---- KV cache ------------------------------------------------------------------------------------
     def kv_cache_bytes_per_token(self) -> pd.DataFrame:

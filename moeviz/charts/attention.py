@@ -4,6 +4,7 @@ ever needed: maps arrive as blocks the caller asked for)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import altair as alt
@@ -11,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from moeviz.charts._common import FIT_WIDTH
+from moeviz.charts.raster import ColourRamp, raster_heatmap
 from moeviz.charts.routing import token_label
 
 HEAD_SELECTION = "head"  # name of the head grid's click selection (fields layer, head)
@@ -269,6 +271,82 @@ def attention_map_chart(
             autosize=FIT_WIDTH,
         )
     )
+
+
+def map_shade_matrix(block: np.ndarray, scale: str) -> np.ndarray:
+    """`map_shade` of a whole block [R, C] at once: the weight clipped to [LOG_FLOOR, 1] ("log"), over its
+    row's largest weight in the block ("row"; a row of zeros stays 0), or the weight ("linear")."""
+    weight = np.asarray(block, dtype=np.float64)
+    if scale == "log":
+        return np.clip(weight, LOG_FLOOR, 1.0)
+    if scale == "row":
+        top = weight.max(axis=1, keepdims=True) if weight.size else weight
+        return np.divide(weight, top, out=np.zeros_like(weight), where=top > 0)
+    if scale == "linear":
+        return weight
+    raise ValueError(f"scale must be one of {list(MAP_SCALES)}, got {scale!r}")
+
+
+def map_ramp(scale: str) -> ColourRamp:
+    """The raster colours of `map_shade_matrix`'s values: greys, on a log scale for "log"."""
+    if scale == "log":
+        return ColourRamp.of("greys", (LOG_FLOOR, 1.0), log=True)
+    return ColourRamp.of("greys", (0.0, 1.0))
+
+
+def attention_map_raster(
+    block: np.ndarray,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    tokens: pd.DataFrame,
+    *,
+    title: str | None = None,
+    scale: str = "linear",
+) -> alt.LayerChart:
+    """`attention_map_chart` for windows of more than RASTER_ABOVE cells (one head over a whole 1000-token
+    sequence): the block [R, C] (`AttentionCapture.block`) drawn as one image, queries down y, keys along x,
+    both in position order, coloured as MAP_SCALES says; hover bins give the mean, min and max weight of
+    their queries × keys (each cell's weight where a bin holds few); axes are positions labelled
+    "pos:token" at Vega's ticks."""
+    rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+    block = np.asarray(block, dtype=np.float64)
+    if block.shape != (len(rows), len(cols)):
+        raise ValueError(f"block {block.shape} does not match {len(rows)} rows × {len(cols)} columns")
+    labels = _position_labels(tokens, np.union1d(rows, cols))
+    row_labels = [labels[int(p)] for p in rows]
+    col_labels = [labels[int(p)] for p in cols]
+    legend = (
+        alt.Legend(title="p (log)", values=[1e-4, 1e-3, 1e-2, 1e-1, 1], format="~g")
+        if scale == "log"
+        else alt.Legend(title="p ÷ row max" if scale == "row" else "p")
+    )
+    chart = raster_heatmap(
+        map_shade_matrix(block, scale),
+        map_ramp(scale),
+        row_title="query",
+        col_title="key",
+        value_title="weight",
+        row_labels=row_labels,
+        col_labels=col_labels,
+        x_axis=alt.Axis(title="key (pos:token)", labelAngle=-90, labelLimit=90, **_label_ticks(col_labels)),
+        y_axis=alt.Axis(title="query (pos:token)", labelLimit=90, **_label_ticks(row_labels)),
+        legend=legend,
+        height=min(max(len(rows), 160), 640),
+        hover=block,
+        title=alt.Title(
+            title or "Attention map",
+            subtitle=f"{len(rows)} queries × {len(cols)} keys, drawn as an image; hover for the weights"
+            + ("" if scale == "linear" else f" · colour = {MAP_SCALES[scale]}"),
+        ),
+    )
+    return chart.properties(autosize=FIT_WIDTH)
+
+
+def _label_ticks(labels: list[str]) -> dict:
+    """Axis settings labelling whole positions of a raster axis by `labels` (Vega picks the ticks)."""
+    items = ",".join(json.dumps(str(label)) for label in labels)  # JS string literals, quotes escaped
+    whole = f"datum.value >= 0 && datum.value < {len(labels)} && datum.value % 1 == 0"
+    return {"tickMinStep": 1, "labelOverlap": True, "labelExpr": f"{whole} ? [{items}][datum.value] : ''"}
 
 
 def attention_row_frame(

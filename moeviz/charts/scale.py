@@ -20,7 +20,15 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from moeviz.charts._common import INK, layer_labels, log2_fold, log2_fold_colour, spaced_ticks
+from moeviz.charts._common import (
+    INK,
+    brushed_ticks,
+    layer_labels,
+    log2_fold,
+    log2_fold_colour,
+    spaced_ticks,
+)
+from moeviz.charts.raster import OVERLAY_CELLS, ColourRamp, raster_layers, use_raster
 
 MAX_CATEGORICAL = 20  # the most experts (or groups) a categorical legend may list
 EXPERT_BRUSH = "experts"  # name of the overview's interval selection over expert positions
@@ -161,6 +169,7 @@ def layer_expert_heatmap(
     width: int = HEATMAP_WIDTH,
     colour_scale: alt.Scale | None = None,
     legend_title: str | None = None,
+    raster: bool | None = None,
 ) -> alt.VConcatChart | alt.LayerChart:
     """Layer × expert heatmap of one per-(layer, expert) value, for any number of experts.
 
@@ -172,7 +181,9 @@ def layer_expert_heatmap(
     axis order (a permutation, or a subset to filter: experts not in it are not drawn), default by id;
     `order_name` says what it is sorted by (axis title).
     `highlight`: an expert whose column is outlined. `colour_scale` / `legend_title`: another scale and
-    legend title for a value other than utilisation (default viridis, titled `value`).
+    legend title for a value other than utilisation (default viridis, titled `value`). `raster`: draw the
+    views at scale as images (`moeviz.charts.raster`; True/False, default: above RASTER_ABOVE cells and
+    without a `colour_scale`).
 
     Up to MAX_CATEGORICAL experts: one heatmap, every expert and layer labelled (the 8-expert view).
     Above: an overview (every expert at a pixel or two, layers unlabelled) with an interval brush over the
@@ -234,6 +245,11 @@ def layer_expert_heatmap(
     brush = alt.selection_interval(name=EXPERT_BRUSH, encodings=["x"])
     x_labels = None if order is None and ids == list(range(len(ids))) else ids
     y_scale = alt.Scale(domain=[-0.5, num_rows - 0.5], reverse=True, nice=False, zero=False)
+    if colour_scale is None and (use_raster(num_rows, len(ids)) if raster is None else raster):
+        return _raster_layer_expert(
+            data, value, ids, labels, x_labels, highlight=highlight, dots=dots, heading=heading,
+            sorted_by=sorted_by, width=width, brush=brush, y_scale=y_scale,
+        )  # fmt: skip
     # Cell edges and the log₂ colour computed here, not by Vega: the browser evaluates a Vega expression
     # per datum through its CSP-safe interpreter (slow at tens of thousands of cells). For the same reason
     # the outlined and dotted cells get their own small data, not a filter over every cell.
@@ -277,7 +293,9 @@ def layer_expert_heatmap(
     )
     detail_scale = alt.Scale(domain={"param": EXPERT_BRUSH, "encoding": "x"}, nice=False, zero=False)
     layer_axis = _position_axis("MoE layer", labels, labelFontSize=9)
-    detail_axis = _position_axis(sorted_by, x_labels, labelFlush=True)  # Vega's ticks: the range is brushed
+    detail_axis = _position_axis(
+        sorted_by, x_labels, labelFlush=True, values=detail_ticks(len(ids) - 1, width)
+    )  # the range is brushed: ticks recomputed as it moves, ending on the last expert shown
     detail_parts = [
         view(detail_scale, detail_axis, layer_axis)
         .mark_rect(clip=True)
@@ -303,6 +321,117 @@ def layer_expert_heatmap(
         data=data,
         resolve=alt.Resolve(scale=alt.ScaleResolveMap(color="shared")),
     )
+
+
+def _raster_layer_expert(
+    data: pd.DataFrame,
+    value: str,
+    ids: list,
+    labels: list[str],
+    x_labels: list | None,
+    *,
+    highlight: int | None,
+    dots: bool,
+    heading: str,
+    sorted_by: str,
+    width: int,
+    brush: alt.Parameter,
+    y_scale: alt.Scale,
+) -> alt.VConcatChart:
+    """`layer_expert_heatmap`'s overview + detail above RASTER_ABOVE cells: each view one image of the
+    [layers, experts in axis order] matrix (`moeviz.charts.raster`), the detail with hover bins giving the
+    exact values (one expert per bin where they fit, every cell's value listed otherwise) and the legend;
+    the chosen expert's column one outline, dispatched cells one dot each. Data: the matrix as a PNG, the
+    overlay's bins, the outline and the dots; never one row per cell."""
+    num_rows, num_cols = len(labels), len(ids)
+    values = np.full((num_rows, num_cols), np.nan)
+    values[data["row"].to_numpy(), data["pos"].to_numpy()] = data["value"].to_numpy()
+    if value == "utilisation":
+        shade = np.where(np.isnan(values), np.nan, log2_fold(pd.Series(values.ravel())).reshape(values.shape))
+        ramp = ColourRamp.of("bluered", (-3, 3))
+        legend = alt.Legend(
+            title="log₂ utilisation", values=[-3, -1, 0, 1, 3], gradientLength=160, labelOverlap=False
+        )
+    else:
+        shade = values
+        lo, hi = float(np.nanmin(values)), float(np.nanmax(values))
+        ramp = ColourRamp.of("viridis", (lo, hi if hi > lo else lo + 1e-9))
+        legend = alt.Legend(title=value, gradientLength=160)
+    legend["orient"], legend["direction"] = "top", "horizontal"
+    full = alt.Scale(domain=[-0.5, num_cols - 0.5], nice=False, zero=False)
+    overview_axis = _position_axis(
+        f"{sorted_by} — drag to zoom",
+        x_labels,
+        values=spaced_ticks(num_cols - 1, max(width // TICK_SPACING, 2)),
+        labelFlush=True,
+    )
+    common = dict(
+        row_title="layer", col_title="expert", value_title=value, row_labels=labels, col_labels=ids,
+        legend=legend, hover=values if value == "utilisation" else None, value_format=".3f",
+    )  # fmt: skip
+    image, *_ = raster_layers(
+        shade, ramp, x_scale=full, y_scale=y_scale, x_axis=overview_axis, y_axis=None, overlay=False, **common
+    )
+
+    def outline(x_scale: alt.Scale, x_axis: alt.Axis, y_axis: alt.Axis | None, clip: bool = False) -> list:
+        if highlight is None or int(highlight) not in ids:
+            return []
+        pos = ids.index(int(highlight))
+        column = pd.DataFrame({"expert": [int(highlight)], "x0": [pos - 0.5], "x1": [pos + 0.5]})
+        column["y0"], column["y1"] = -0.5, num_rows - 0.5
+        return [
+            alt.Chart(column)
+            .mark_rect(filled=False, stroke=HIGHLIGHT, strokeWidth=1.5, clip=clip)
+            .encode(
+                x=alt.X("x0:Q", scale=x_scale, axis=x_axis),
+                x2="x1",
+                y=alt.Y("y0:Q", scale=y_scale, axis=y_axis),
+                y2="y1",
+            )
+        ]
+
+    overview = alt.layer(image.add_params(brush), *outline(full, overview_axis, None)).properties(
+        width=width,
+        height=min(max(2 * num_rows, 40), 120),
+        title=alt.Title(heading, subtitle=_subtitle(num_cols)),
+    )
+    detail_scale = alt.Scale(domain={"param": EXPERT_BRUSH, "encoding": "x"}, nice=False, zero=False)
+    layer_axis = _position_axis("MoE layer", labels, labelFontSize=9)
+    detail_axis = _position_axis(
+        sorted_by, x_labels, labelFlush=True, values=detail_ticks(num_cols - 1, width)
+    )
+    detail_parts = [
+        *raster_layers(
+            shade, ramp, x_scale=detail_scale, y_scale=y_scale, x_axis=detail_axis, y_axis=layer_axis,
+            clip=True, max_cells=OVERLAY_CELLS, **common,
+        ),
+        *outline(detail_scale, detail_axis, layer_axis, clip=True),
+    ]  # fmt: skip
+    if dots:
+        marked = data[data["dispatched"].to_numpy()]
+        detail_parts.append(
+            alt.Chart(marked[["layer", "expert", "pos", "row", "value"]])
+            .mark_circle(color=DOT_COLOUR, size=28, opacity=1, clip=True)
+            .encode(
+                x=alt.X("pos:Q", scale=detail_scale, axis=detail_axis),
+                y=alt.Y("row:Q", scale=y_scale, axis=layer_axis),
+                tooltip=[
+                    alt.Tooltip("layer:O"),
+                    alt.Tooltip("expert:O"),
+                    alt.Tooltip("value:Q", format=".3f", title=value),
+                ],
+            )
+        )
+    detail = alt.layer(*detail_parts).properties(
+        width=width, height=min(max(12 * num_rows, 120), 760), title="Detail: brushed experts (all when none)"
+    )
+    return alt.VConcatChart(vconcat=[overview, detail])
+
+
+def detail_ticks(last: int, width: int) -> alt.ExprRef:
+    """Ticks of the detail's expert axis (positions 0…`last`, `width` px): `brushed_ticks` of the overview's
+    brush, as many as the overview's own (one per TICK_SPACING px), ending on the last expert shown."""
+    return brushed_ticks(EXPERT_BRUSH, "x0", last, max(width // TICK_SPACING, 2))
 
 
 def _legend_above(colour: alt.Color) -> alt.Color:
@@ -584,3 +713,29 @@ def expert_load_curve_chart(
     return alt.layer(*parts, data=data).properties(
         title=alt.Title(title or "Expert load, sorted", subtitle=subtitle), height=220, autosize=FIT_WIDTH
     )
+
+
+# ---- an expert order carried by the data -------------------------------------------------------------------
+ORDER_FIELD = "expert_rank"  # the column `order_in_data` adds: each row's expert's place in the order
+
+
+def order_in_data(chart: alt.TopLevelMixin, order: Sequence[int], channel: str = "y") -> alt.TopLevelMixin:
+    """Put the experts of `chart`'s `channel` axis in `order` through a column of its data (ORDER_FIELD:
+    each row's expert's place in `order`; experts not in it after) rather than a list of ids in the spec.
+    A new order, or a new expert among those shown, then changes the chart's data alone: a host that keeps
+    a drawn chart whose spec is unchanged (Streamlit) patches the data in, instead of compiling and drawing
+    a new chart. `chart`: a chart or layered chart whose data (top level) is a frame with an `expert`
+    column. Changed in place (every view with that channel) and returned."""
+    if not isinstance(chart.data, pd.DataFrame):
+        raise TypeError("order_in_data needs a chart whose data is a DataFrame")
+    place = {int(e): i for i, e in enumerate(order)}
+    experts = chart.data["expert"].to_numpy()
+    ranks = np.fromiter((place.get(int(e), len(place)) for e in experts), np.int32, len(experts))
+    chart.data = chart.data.assign(**{ORDER_FIELD: ranks})
+    views = list(chart.layer) if isinstance(chart, alt.LayerChart) else [chart]
+    for view in views:
+        if view.encoding is alt.Undefined or getattr(view.encoding, channel, alt.Undefined) is alt.Undefined:
+            continue
+        # item access: a channel's attributes are altair's chained setters (`alt.Y(...).axis(...)`)
+        view.encoding[channel]["sort"] = alt.EncodingSortField(field=ORDER_FIELD, op="min", order="ascending")
+    return chart

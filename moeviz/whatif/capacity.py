@@ -7,13 +7,16 @@ or exact). `smallest_cf` finds the smallest CF (on a grid) whose replay drops le
 Policies (`moeviz.scoring.capacity_ranks`): ``probs`` keeps, per over-full expert, the C assignments with the
 largest combination weight (ties → earlier token, then earlier slot); ``position`` keeps the first C arrivals
 in token order (within a token, slot order) — Megatron's stated intent. Slots the model itself dropped (-1)
-stay dropped and are not replay drops.
+stay dropped and are not replay drops. C is clamped to T·k (`clamped_capacity`): a larger C drops nothing
+more, and a huge CF would overflow int64.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 import pandas as pd
@@ -22,8 +25,10 @@ from moeviz.errors import InputError
 from moeviz.scoring import capacity_ranks, expert_capacity
 from moeviz.whatif.routes import LayerRoutes, Routes
 
-DROP_POLICIES = ("probs", "position")
+DropPolicy = Literal["probs", "position"]  # which slots an over-full expert keeps (module docstring)
+DROP_POLICIES: tuple[DropPolicy, ...] = get_args(DropPolicy)
 DEFAULT_CFS = (1.0, 1.25, 1.5, 2.0)
+DEFAULT_BUCKETS = 10
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,26 @@ def _dispatch_groups(layer: LayerRoutes, group_tokens: int | None) -> tuple[np.n
     return token_group, np.bincount(token_group, minlength=-(-n // group_tokens)).astype(np.int64)
 
 
+def clamped_capacity(tokens, k: int, experts: int, cf: float, exact: bool = False):
+    """`expert_capacity` of group sizes `tokens` [G] → [G], at most T·k (every slot of the group's T tokens;
+    no expert can need more, so nothing above it changes a drop). Any CF ≥ E reaches T·k, so CF is clamped
+    to E before the product: a huge CF never overflows int64."""
+    capped = expert_capacity(tokens, k, experts, min(float(cf), float(experts)), exact)
+    return np.minimum(capped, np.asarray(tokens, dtype=np.int64) * k)
+
+
+def checked_cfs(cfs: Sequence[float]) -> list[float]:
+    """The capacity factors, each a finite number > 0, a repeated one kept once (first-seen order).
+    InputError otherwise."""
+    values = [float(cf) for cf in cfs]
+    if not values:
+        raise InputError("give at least one capacity factor")
+    bad = [cf for cf in values if not (math.isfinite(cf) and cf > 0)]
+    if bad:
+        raise InputError(f"a capacity factor must be a finite positive number, got {bad[0]}")
+    return list(dict.fromkeys(values))
+
+
 def _check_group(group_tokens: int | None) -> None:
     if group_tokens is not None and group_tokens < 1:
         raise InputError(f"a dispatch group holds at least one token, got {group_tokens}")
@@ -75,7 +100,12 @@ def _group_words(group_tokens: int | None) -> str:
 
 
 def _rank_layer(
-    layer: LayerRoutes, policy: str, buckets: int, min_cf: float, exact: bool, group_tokens: int | None = None
+    layer: LayerRoutes,
+    policy: DropPolicy,
+    buckets: int,
+    min_cf: float,
+    exact: bool,
+    group_tokens: int | None = None,
 ) -> _LayerRanks:
     """Ranks within each (group, expert) cell; a cell that fits even at the smallest CF never drops at any
     CF, so only over-full cells are sorted (rank 0 elsewhere): balanced routing sorts almost nothing.
@@ -92,7 +122,7 @@ def _rank_layer(
     group = token_group[token]
     cell = group * experts + expert
     fits = np.bincount(cell, minlength=len(lengths) * experts) <= np.repeat(
-        expert_capacity(lengths, k, experts, min_cf, exact), experts
+        clamped_capacity(lengths, k, experts, min_cf, exact), experts
     )
     rank = np.zeros(len(cell), dtype=np.int64)
     over = np.flatnonzero(~fits[cell])  # arrival order kept: capacity_ranks' last tie-break
@@ -102,13 +132,33 @@ def _rank_layer(
     return _LayerRanks(token, expert, group, rank, lengths, token_bucket, n, over)
 
 
+def _above(histogram: np.ndarray, levels: int) -> np.ndarray:
+    """histogram [levels · W] of (level, column) → [levels − 1, W]: row j counts entries of level > j."""
+    at_least = np.cumsum(histogram.reshape(levels, -1)[::-1], axis=0)[::-1]
+    return at_least[1:]
+
+
+def _lowest_level(
+    token: np.ndarray, over: np.ndarray, level: np.ndarray, tokens: int, levels: int
+) -> np.ndarray:
+    """[N] the lowest drop level among each token's valid assignments (0 for one outside the over-full
+    cells); `levels` for a token without any (it loses nothing). `token` [A] is ascending."""
+    every = np.zeros(len(token), dtype=np.int64)
+    every[over] = level
+    lowest = np.full(tokens, levels, dtype=np.int64)
+    if len(token):
+        starts = np.flatnonzero(np.r_[True, token[1:] != token[:-1]])
+        lowest[token[starts]] = np.minimum.reduceat(every, starts)
+    return lowest
+
+
 @dataclass(frozen=True)
 class CapacityResult:
     """Every layer × CF. Frames are built eagerly; see the frame methods for their columns."""
 
     model: str
     tokens: int
-    policy: str
+    policy: DropPolicy
     exact: bool
     layers: pd.DataFrame
     experts: pd.DataFrame
@@ -161,8 +211,8 @@ class CapacityResult:
 def replay_capacity(
     routes: Routes,
     cfs: Sequence[float] = DEFAULT_CFS,
-    policy: str = "probs",
-    buckets: int = 10,
+    policy: DropPolicy = "probs",
+    buckets: int = DEFAULT_BUCKETS,
     exact: bool = False,
     group_tokens: int | None = None,
 ) -> CapacityResult:
@@ -170,43 +220,62 @@ def replay_capacity(
     `group_tokens` a batch of that many consecutive tokens (sequences packed in order)."""
     if policy not in DROP_POLICIES:
         raise InputError(f"unknown drop policy {policy!r}; choose one of {', '.join(DROP_POLICIES)}")
-    if not cfs or any(not cf > 0 for cf in cfs):
-        raise InputError(f"capacity factors must be positive, got {list(cfs)}")
-    if buckets < 1:
-        raise InputError(f"position buckets must be ≥ 1, got {buckets}")
+    cfs = checked_cfs(cfs)
+    # a bucket per token is the finest curve, more only allocates; the default stands for a short prompt
+    most = max(max(layer.tokens for layer in routes.layers), DEFAULT_BUCKETS)
+    if not 1 <= buckets <= most:
+        raise InputError(
+            f"position buckets (--buckets) must be between 1 and {most:,} (the tokens replayed, at least "
+            f"{DEFAULT_BUCKETS}), got {buckets:,}"
+        )
     _check_group(group_tokens)
     layer_rows, expert_rows = [], []
     pos_assigned = np.zeros((len(cfs), buckets), dtype=np.int64)
     pos_dropped = np.zeros((len(cfs), buckets), dtype=np.int64)
+    # Drops are nested: C never shrinks as CF grows, so an assignment dropped at one CF is dropped at every
+    # smaller one. Each assignment gets its drop level (how many of the ascending distinct CFs drop it);
+    # every per-CF count is then one histogram over levels, read from the top down.
+    ladder = sorted(set(float(cf) for cf in cfs))
+    step_of = [ladder.index(float(cf)) for cf in cfs]
+    levels = len(ladder) + 1
     for layer in routes.layers:
-        ranks = _rank_layer(layer, policy, buckets, min(cfs), exact, group_tokens)
+        ranks = _rank_layer(layer, policy, buckets, ladder[0], exact, group_tokens)
         experts = int(layer.num_experts)
         assigned = np.bincount(ranks.expert, minlength=experts)
         assigned_bucket = np.bincount(ranks.token_bucket[ranks.token], minlength=buckets)
-        slots_per_token = np.bincount(ranks.token, minlength=ranks.tokens)
-        over = ranks.over  # every per-CF step below runs on these assignments only
+        caps = [clamped_capacity(ranks.group_tokens, layer.k, experts, cf, exact) for cf in ladder]
+        over = ranks.over  # only these assignments can drop
         o_rank, o_group, o_token = ranks.rank[over], ranks.group[over], ranks.token[over]
-        o_expert, o_bucket = ranks.expert[over], ranks.token_bucket[o_token]
+        level = np.zeros(len(over), dtype=np.int64)
+        for cap in caps:
+            level += o_rank >= cap[o_group]
+        # dropped at ladder step j ⇔ level > j: reverse cumulative sums of the level histograms
+        o_expert = ranks.expert[over]
+        per_expert = _above(np.bincount(level * experts + o_expert, minlength=levels * experts), levels)
+        per_bucket = _above(
+            np.bincount(level * buckets + ranks.token_bucket[o_token], minlength=levels * buckets), levels
+        )
+        # a token loses every slot at step j ⇔ the lowest level among its valid slots is > j
+        lowest = _lowest_level(ranks.token, over, level, ranks.tokens, levels)
+        all_dropped = _above(np.bincount(lowest[lowest < levels], minlength=levels), levels)[:, 0]
+        total = int(assigned.sum())
         for ci, cf in enumerate(cfs):
-            caps = expert_capacity(ranks.group_tokens, layer.k, experts, cf, exact)
-            dropped = o_rank >= caps[o_group]
-            per_expert = np.bincount(o_expert[dropped], minlength=experts)
-            lost = o_token[dropped]  # ascending (arrival order): count each token's run of drops
-            starts = np.flatnonzero(np.r_[True, lost[1:] != lost[:-1]]) if len(lost) else lost
-            runs = np.diff(np.r_[starts, len(lost)])
-            total = int(assigned.sum())
+            j = step_of[ci]
+            dropped_e = per_expert[j].reshape(-1)
+            dropped = int(dropped_e.sum())
+            cap = caps[j]
             layer_rows.append(
                 {
                     "layer": layer.layer,
                     "cf": float(cf),
                     "policy": policy,
-                    "capacity": int(caps.max()) if len(caps) else 0,
-                    "capacity_min": int(caps.min()) if len(caps) else 0,
+                    "capacity": int(cap.max()) if len(cap) else 0,
+                    "capacity_min": int(cap.min()) if len(cap) else 0,
                     "assigned": total,
-                    "dropped": int(dropped.sum()),
-                    "dropped_fraction": float(dropped.sum() / total) if total else 0.0,
-                    "tokens_all_dropped": int(np.count_nonzero(runs == slots_per_token[lost[starts]])),
-                    "overflowing_experts": int(np.count_nonzero(per_expert)),
+                    "dropped": dropped,
+                    "dropped_fraction": float(dropped / total) if total else 0.0,
+                    "tokens_all_dropped": int(all_dropped[j]),
+                    "overflowing_experts": int(np.count_nonzero(dropped_e)),
                 }
             )
             expert_rows.append(
@@ -216,13 +285,13 @@ def replay_capacity(
                         "cf": float(cf),
                         "expert": np.arange(experts),
                         "assigned": assigned,
-                        "dropped": per_expert,
-                        "dropped_fraction": per_expert / np.maximum(assigned, 1),
+                        "dropped": dropped_e,
+                        "dropped_fraction": dropped_e / np.maximum(assigned, 1),
                     }
                 )
             )
             pos_assigned[ci] += assigned_bucket
-            pos_dropped[ci] += np.bincount(o_bucket[dropped], minlength=buckets)
+            pos_dropped[ci] += per_bucket[j].reshape(-1)
     edges = np.arange(buckets + 1) / buckets
     positions = pd.DataFrame(
         {
@@ -295,7 +364,7 @@ def _dropped_at(cells, cf: float, exact: bool) -> tuple[int, int, int]:
     the count every drop policy drops (`replay_capacity`'s dropped, summed over layers)."""
     dropped = assigned = peak = 0
     for counts, lengths, k, experts in cells:
-        caps = expert_capacity(lengths, k, experts, cf, exact)
+        caps = clamped_capacity(lengths, k, experts, cf, exact)
         dropped += int(np.maximum(counts - caps[:, None], 0).sum())
         assigned += int(counts.sum())
         peak = max(peak, int(caps.max(initial=0)))
@@ -316,8 +385,8 @@ def smallest_cf(
     exactly as `replay_capacity` does. The grid ends where every cell fits (nothing drops)."""
     if not 0.0 < max_drop <= 1.0:
         raise InputError(f"the drop share must be in (0, 1], got {max_drop}: nothing drops less than 0")
-    if not step > 0:
-        raise InputError(f"the CF step must be positive, got {step}")
+    if not (math.isfinite(step) and step > 0):
+        raise InputError(f"the CF step must be a finite number > 0, got {step}")
     _check_group(group_tokens)
     cells = _cell_counts(routes, group_tokens)
 

@@ -127,7 +127,7 @@ def _sequence_recall(
         trace = capture(loaded, token_ids=[ids])
     if trace_out is not None:
         trace_out.append(trace)
-    out = {}
+    out: dict[tuple[int, int, str], tuple[float, int]] = {}
     for i, site in enumerate(loaded.sites):
         j = i + offset
         if j >= len(loaded.sites) or loaded.sites[j].site != site.site or len(inputs[i]) != 1:

@@ -11,10 +11,13 @@ shares every untouched tensor with the original and holds new tensors only for t
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-from collections.abc import Callable, Sequence
+import threading
+import types
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -23,7 +26,9 @@ from torch import nn
 
 from moeviz.analysis.margins import margin_quartiles, router_margin  # moved there (torch-free); re-exported
 from moeviz.capture.forward import capture, token_batch
+from moeviz.capture.layer_progress import watching_layers
 from moeviz.errors import InputError
+from moeviz.hooks import active_on_thread, shared_hooks
 from moeviz.models.loading import LoadedModel
 from moeviz.models.sites import MoESite, find_moe_sites
 from moeviz.trace import LayerRouting, Trace
@@ -139,24 +144,61 @@ def quantised_copy(loaded: LoadedModel, dtype: str, target: str) -> tuple[Loaded
     targets = target_weights(model, loaded.sites, target)
     if getattr(model, "_hf_hook", None) is not None:
         raise InputError("quantisation what-ifs need a model loaded on one device (no device_map)")
-    memo: dict[int, object] = {id(t): t for t in model.parameters()}
-    memo.update({id(t): t for t in model.buffers()})
     with torch.no_grad():
-        for t in targets:
-            memo[id(t.param)] = nn.Parameter(fake_quantise(t.param, dtype, t.input_dim), requires_grad=False)
-    twin = copy.deepcopy(model, memo)
-    for module in twin.modules():
-        for attr in (
-            "_forward_hooks",
-            "_forward_pre_hooks",
-            "_forward_hooks_with_kwargs",
-            "_forward_pre_hooks_with_kwargs",
-            "_forward_hooks_always_called",
-        ):
-            if hasattr(module, attr):
-                setattr(module, attr, type(getattr(module, attr))())
+        quantised = {
+            id(t.param): nn.Parameter(fake_quantise(t.param, dtype, t.input_dim), requires_grad=False)
+            for t in targets
+        }
+    twin = module_twin(model, quantised)
     twin.eval()
     return dataclasses.replace(loaded, model=twin, sites=find_moe_sites(twin)), targets
+
+
+HOOK_DICTS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+)
+
+
+def module_twin(model: nn.Module, replaced: dict[int, nn.Parameter]) -> nn.Module:
+    """A copy of the module tree of `model` that shares every tensor and object a forward only reads, with
+    the parameters whose id is in `replaced` swapped for their replacements.
+
+    Every module is a new object (its own parameter, buffer and submodule tables, its other dicts, lists
+    and sets copied one level), so nothing set on the copy — a hook, a buffer, an attribute — reaches the
+    original; hooks are not carried over (one another thread installed on the original writes to the
+    recorder of whichever thread runs a forward, so a copied one would record into ours). Plain attributes
+    that point at a module of the tree, and methods bound to one, are pointed at its copy. Cheaper than
+    `copy.deepcopy` with a memo of the tensors, which copies every other object of the model (configs,
+    tokenizer-free Python state) one by one."""
+    twins: dict[int, nn.Module] = {}
+    for module in model.modules():  # each module once, shared submodules included
+        twin = module.__class__.__new__(module.__class__)
+        state = {}
+        for name, value in module.__dict__.items():
+            if name in HOOK_DICTS:
+                value = type(value)()
+            elif isinstance(value, (dict, list, set)):
+                value = value.copy()  # keeps the type (an OrderedDict stays one)
+            state[name] = value
+        twin.__dict__.update(state)
+        twins[id(module)] = twin
+    for twin in twins.values():
+        params = twin._parameters
+        for name, param in params.items():
+            if param is not None and id(param) in replaced:
+                params[name] = replaced[id(param)]
+        for name, value in list(twin.__dict__.items()):
+            if name == "_modules":
+                twin._modules = {k: None if m is None else twins.get(id(m), m) for k, m in value.items()}
+            elif isinstance(value, nn.Module) and id(value) in twins:
+                twin.__dict__[name] = twins[id(value)]
+            elif isinstance(value, types.MethodType) and id(value.__self__) in twins:
+                twin.__dict__[name] = types.MethodType(value.__func__, twins[id(value.__self__)])
+    return twins[id(model)]
 
 
 # ---- comparison -----------------------------------------------------------------------------------------
@@ -336,18 +378,56 @@ def _next_token_logprob(loaded: LoadedModel, ids: list[int]) -> np.ndarray:
     """[T-1] log p(x_{t+1} | x_≤t) of one plain forward (fp32 log-softmax)."""
     with torch.inference_mode():
         logits = loaded.model(input_ids=torch.tensor([ids], device=loaded.device)).logits[0]
-    logp = torch.log_softmax(logits.float(), dim=-1)[:-1]
-    target = torch.tensor(ids[1:], device=logp.device)
-    return logp.gather(1, target[:, None])[:, 0].cpu().numpy()
+    return _logprob_of(logits, ids)
+
+
+def _logprob_of(logits: torch.Tensor, ids: list[int]) -> np.ndarray:
+    """[T-1] log p(x_{t+1} | x_≤t) from one sequence's logits [T, V] (fp32 log-softmax)."""
+    with torch.inference_mode():
+        logp = torch.log_softmax(logits.float(), dim=-1)[:-1]
+        target = torch.tensor(ids[1:], device=logp.device)
+        return logp.gather(1, target[:, None])[:, 0].cpu().numpy()
 
 
 BATCH = 8  # sequences per forward: the app routes the evaluation corpus in batches of 8 windows too
+_kept = threading.local()  # .logits: this thread's list of model outputs' logits, or None
 
 
-def _capture_in_batches(loaded: LoadedModel, batch: list[list[int]]) -> Trace:
+@contextmanager
+def keeping_logits(model: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Keep the logits [B, T, V] of every forward of `model` this thread runs in the block (a forward hook
+    from the shared registry: the model may be shared, and other threads' forwards keep nothing)."""
+
+    def keep(_module: nn.Module, _args: Any, output: Any) -> None:
+        kept = getattr(_kept, "logits", None)
+        logits = getattr(output, "logits", None)
+        if kept is not None and isinstance(logits, torch.Tensor):
+            kept.append(logits)
+
+    kept: list[torch.Tensor] = []
+    install = lambda: [model.register_forward_hook(keep)]  # noqa: E731
+    with shared_hooks(model, "whatif-quant-logits", install), active_on_thread(_kept, "logits", kept):
+        yield kept
+
+
+def _capture_in_batches(
+    loaded: LoadedModel, batch: list[list[int]], logprobs: dict[int, np.ndarray] | None = None
+) -> Trace:
     """The routing of every sequence of `batch`, BATCH sequences a forward (bounded activations), in one
-    trace with the sequences numbered in order."""
-    parts = [capture(loaded, token_ids=batch[i : i + BATCH]) for i in range(0, len(batch), BATCH)]
+    trace with the sequences numbered in order. With `logprobs`, a sequence routed alone (no padding: its
+    logits are the plain forward's, bit for bit) also gets its next-token log-probabilities from that same
+    forward, under its index in `batch`; sequences routed several to a forward get none (padding changes
+    their logits in the last bits)."""
+    parts = []
+    for i in range(0, len(batch), BATCH):
+        chunk = batch[i : i + BATCH]
+        if logprobs is None or len(chunk) > 1 or len(chunk[0]) < 2:
+            parts.append(capture(loaded, token_ids=chunk))
+            continue
+        with keeping_logits(loaded.model) as kept:
+            parts.append(capture(loaded, token_ids=chunk))
+        if len(kept) == 1:
+            logprobs[i] = _logprob_of(kept[0][0], chunk[0])
     return parts[0] if len(parts) == 1 else Trace.concat(parts)
 
 
@@ -370,15 +450,26 @@ def quantisation_flips(
     report = progress or (lambda _f, _m: None)
     report(0.0, f"fake-quantising the {target} weights to {dtype}")
     quantised, targets = quantised_copy(loaded, dtype, target)
+    scores = not (loaded.is_encoder_decoder or loaded.is_token_classifier)
+    # a sequence routed alone is scored by its capture's own forward: two forwards in all, not four
+    kept_before: dict[int, np.ndarray] | None = {} if scores else None
+    kept_after: dict[int, np.ndarray] | None = {} if scores else None
     report(0.2, "routing the original model")
-    before = _capture_in_batches(loaded, batch)
+    before = _capture_in_batches(loaded, batch, kept_before)
     report(0.45, "routing the quantised model")
-    after = _capture_in_batches(quantised, batch)
+    with watching_layers(quantised.model):  # a caller's `layer_progress` (and its cancel) reaches the copy
+        after = _capture_in_batches(quantised, batch, kept_after)
     delta = float("nan")
-    scored = [ids for ids in batch if len(ids) > 1]
-    if not (loaded.is_encoder_decoder or loaded.is_token_classifier) and scored:
-        report(0.7, "next-token log-probabilities")
-        deltas = [_next_token_logprob(quantised, ids) - _next_token_logprob(loaded, ids) for ids in scored]
+    scored = [i for i, ids in enumerate(batch) if len(ids) > 1]
+    if scores and scored:
+        if any(i not in kept_before for i in scored):
+            report(0.7, "next-token log-probabilities")
+
+        def logprob(model: LoadedModel, kept: dict[int, np.ndarray], i: int) -> np.ndarray:
+            return kept[i] if i in kept else _next_token_logprob(model, batch[i])
+
+        with watching_layers(quantised.model):
+            deltas = [logprob(quantised, kept_after, i) - logprob(loaded, kept_before, i) for i in scored]
         delta = float(np.concatenate(deltas).mean())
     layers, margins, flips = _frames(before, after, dtype, target)
     report(1.0, "done")

@@ -96,9 +96,17 @@ def assert_views_fit(at) -> list:
 
 
 def sorted_experts(chart, channel: str) -> list[int]:
-    """The one expert list every view of `chart` sorts its `channel` axis by."""
+    """The one expert list every view of `chart` sorts its `channel` axis by (a list in the spec, or the
+    order its data carries: `moeviz.charts.scale.order_in_data`)."""
     (encoded,) = {json.dumps(v["encoding"][channel]["sort"]) for v in _views(json.loads(chart.proto.spec))}
-    return [int(e) for e in json.loads(encoded)]
+    sort = json.loads(encoded)
+    if isinstance(sort, dict):  # {"field": <the rank column>, "op": "min"}: the experts by their rank
+        import pyarrow as pa
+
+        (dataset,) = chart.proto.datasets
+        rows = pa.ipc.open_stream(dataset.data.data).read_all().to_pandas()
+        return [int(e) for e in rows.groupby("expert")[sort["field"]].min().sort_values(kind="stable").index]
+    return [int(e) for e in sort]
 
 
 def busiest(trace, layer: int | None = None) -> list[int]:

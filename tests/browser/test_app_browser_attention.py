@@ -45,7 +45,7 @@ def test_attention_kv_whatif_and_grid_scales(app_url, browser: Browser, sample_m
         global_tokens = int(page.get_by_label("… plus the first G tokens").input_value())
         full = expected_cache_bytes(tokens)
         kept = expected_cache_bytes(tokens, window, global_tokens)
-        caption = page.get_by_text(re.compile("The cache would hold"))
+        caption = page.get_by_text(re.compile(r"The cache (of every layer )?would hold"))
         caption.wait_for(timeout=RENDER_TIMEOUT_S * 1000)
         text = caption.inner_text()
         assert f"hold {kept / 2**20:.2f} MiB instead of {full / 2**20:.2f} MiB" in text, text

@@ -1,4 +1,4 @@
-"""Charts at 58 layers and 256 experts (issue 30 item 8), at spec level on DeepSeek-V3-shaped synthetic
+"""Charts at 58 layers and 256 experts, at spec level on DeepSeek-V3-shaped synthetic
 traces: the dispatch overview's token axis, layer axes that never overlap, expert axes that end on the
 last expert, every slot in the slot legend, attention maps on a log or per-row scale, paths over a window
 of layers, and the verdict summary of the Load page."""
@@ -130,7 +130,12 @@ def test_load_heatmap_expert_axis_ends_on_the_last_expert_and_fits_the_page(trac
         if order is None
         else frame.groupby("expert")["count"].sum().sort_values(ascending=False, kind="stable").index.tolist()
     )
-    spec = layer_expert_heatmap(frame, "utilisation", order=None if order is None else ids).to_dict()
+    spec = layer_expert_heatmap(
+        frame,
+        "utilisation",
+        order=None if order is None else ids,
+        raster=False,  # the per-cell legend
+    ).to_dict()
     overview, detail = heatmap_views(spec)
     axis = overview["encoding"]["x"]["axis"]
     values = axis["values"]

@@ -101,7 +101,7 @@ def check_spec(chart, *, data_rows: int | None = None) -> dict:
 def test_layer_expert_heatmap_overview_and_detail(big):
     trace, balance = big["trace"], big["balance"]
     e = trace.layers[0].num_experts
-    chart = layer_expert_heatmap(balance, "utilisation", highlight=7)
+    chart = layer_expert_heatmap(balance, "utilisation", highlight=7, raster=False)  # rects (see test_raster)
     # every (layer, expert) cell once, and the outlined expert's cells once more (their own small data)
     spec = check_spec(chart, data_rows=len(trace.layers) * e + len(trace.layers))
     overview, detail = spec["vconcat"]
@@ -119,7 +119,7 @@ def test_layer_expert_heatmap_overview_and_detail(big):
         balance[balance["layer"] == trace.layers[5].layer], "coactivation", coactivation=pair
     )
     assert sorted(order.tolist()) == list(range(e))
-    chart = layer_expert_heatmap(mean_score_frame(trace), "score", order=order)
+    chart = layer_expert_heatmap(mean_score_frame(trace), "score", order=order, raster=False)
     spec = check_spec(chart)
     expr = spec["vconcat"][0]["layer"][0]["encoding"]["x"]["axis"]["labelExpr"]
     assert expr.split("][datum.value]")[0].endswith(",".join(str(int(i)) for i in order[-3:]))
@@ -270,7 +270,7 @@ def test_router_score_heatmap_on_a_chosen_subset_of_experts(big):
 def test_one_tokens_scores_at_every_layer_with_dispatch_dots(big):
     trace = big["trace"]
     mine = token_scores_frame(trace, 0, 40)
-    chart = layer_expert_heatmap(mine, "score", highlight=int(trace.layers[0].experts[40, 0]))
+    chart = layer_expert_heatmap(mine, "score", highlight=int(trace.layers[0].experts[40, 0]), raster=False)
     layers = len(trace.layers)
     # the cells, the outlined expert's cells (a row per layer) and the dispatched cells (k per layer)
     spec = check_spec(chart, data_rows=len(mine) + layers + 8 * layers)
