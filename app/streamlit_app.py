@@ -2,8 +2,10 @@
 
 import importlib
 import os
+import sys
 
 import streamlit as st
+from components import presentation
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the app never downloads (importing moeviz sets nothing)
 
@@ -36,10 +38,21 @@ page = st.navigation(
 # A chart wider than its column (a fixed-width overview + detail of hundreds of experts, on a 900 px screen)
 # scrolls sideways inside the column instead of spilling over the page's edge.
 st.html("<style>.stVegaLiteChart, [data-testid='stVegaLiteChart'] { overflow-x: auto; }</style>")
+presentation.setup()  # the sidebar's "Projector layout" and "Large font" toggles, and their CSS
 # transformers is fully imported before any page runs. Streamlit's fast reruns start a new script thread
 # (another page, after a click) while the old one still runs, and `transformers` swaps itself for a lazy
 # module in sys.modules during its first import: a page doing `from transformers import X` then is handed
 # the half-built module and fails ("cannot import name X"). importlib waits for the import and returns the
 # finished module (the first session's first run pays the import, which its page needs anyway).
-importlib.import_module("transformers")
+# Every page also imports torch, pandas and Altair before drawing anything: on the server's first run these
+# imports take seconds, so the page's name and a spinner are drawn first instead of a blank page.
+LIBRARIES_EVERY_PAGE_IMPORTS = ("transformers", "torch", "pandas", "altair")
+if any(library not in sys.modules for library in LIBRARIES_EVERY_PAGE_IMPORTS):
+    starting = st.empty()
+    with starting.container():
+        st.title(page.title)
+        with st.spinner("Starting moeviz: loading torch and transformers (once per server)…", show_time=True):
+            for library in LIBRARIES_EVERY_PAGE_IMPORTS:
+                importlib.import_module(library)
+    starting.empty()
 page.run()

@@ -14,6 +14,7 @@ import pandas as pd
 import streamlit as st
 
 import moeviz
+from components import presentation
 from moeviz.charts import INK, PAPER
 
 CANVAS_ABOVE = 400  # marks; Streamlit itself switches to a canvas only above 2,000 data rows
@@ -189,6 +190,7 @@ def show_chart(chart: alt.TopLevelMixin, key: str, *, select: bool = False):
     its axes is kept (`keep_labels`)."""
     keep_labels(chart)
     for_the_page(chart)
+    presentation.larger_fonts(chart)
     with st.container(key=key):
         # a concatenation (the layer × expert overview + detail) keeps its own width: stretched, Streamlit
         # sets each part to the column's width, and the axis beside it pushed the last expert label off
@@ -196,6 +198,8 @@ def show_chart(chart: alt.TopLevelMixin, key: str, *, select: bool = False):
         event = st.altair_chart(
             chart, width=width, on_select="rerun" if select else "ignore", key=f"{key}_chart"
         )
+    if presentation.projector():  # a projector's screen has no line to spare (the chart's menu saves a PNG)
+        return event
     with st.popover("Save chart", icon=":material/image:"):
         for fmt, mime in (("svg", "image/svg+xml"), ("png", "image/png")):
             st.download_button(

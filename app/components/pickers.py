@@ -8,7 +8,7 @@ import streamlit as st
 
 import moeviz
 import moeviz.charts
-from components import access, load_options
+from components import access, load_options, share
 from components.errors import stop_on_error
 from components.widgets import keep, kept, new_click
 from moeviz.analysis import expert_order
@@ -29,6 +29,7 @@ def model_picker() -> str:
         else:
             st.session_state["model"] = access.LOCAL_FOLDER
             st.session_state["model_folder_kept"] = default
+    share.restore_model(samples)  # a link's model (a sample, or a folder this server may open)
     with st.sidebar:
         choice = kept("model", choices, st.selectbox, "Model", choices, widget_key="model_choice")
         source = choice
@@ -44,6 +45,7 @@ def model_picker() -> str:
                 args=("model_folder", "model_folder_kept"),
             )
         options = advanced_load_options()
+    share.publish(share.MODEL, share.model_value(choice, source))
     with stop_on_error():
         checked = access.check_source(source or "")
         options.load_kwargs()  # a bad option stops the page before anything loads
@@ -58,8 +60,8 @@ def _kept_text(label: str, store_key: str, **kwargs) -> str:
 
 
 def advanced_load_options() -> load_options.LoadOptions:
-    """The "Advanced" expander of the model picker: dtype, device, device map (offload folder, max memory),
-    passed on to `moeviz.load_model`; each choice survives page switches."""
+    """The "Advanced" expander of the model picker: dtype, device, device map (offload folder, max memory)
+    and an adapter folder, passed on to `moeviz.load_model`; each choice survives page switches."""
     with st.expander("Advanced", expanded=False):
         dtype = kept(
             "load_dtype",
@@ -103,12 +105,19 @@ def advanced_load_options() -> load_options.LoadOptions:
             placeholder="cpu=2GiB",
             help="With device map auto: a budget per device, DEVICE=SIZE pairs such as 0=70GiB,cpu=8GiB",
         )
+        adapter = _kept_text(
+            "Adapter folder",
+            "load_adapter",
+            help="A PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors), merged over "
+            "the model above; empty = the model alone. " + access.roots_hint("model"),
+        )
     return load_options.LoadOptions(
         dtype=dtype,
         device=device,
         device_map=device_map,
         offload_folder=(folder or "") if spread else "",
         max_memory=(budget or "") if spread else "",
+        adapter=(adapter or "").strip(),
     )
 
 
@@ -121,7 +130,11 @@ def layer_options(keys: list[tuple[str, int]]) -> dict[str, tuple[str, int]]:
 def pick_layer(trace: moeviz.Trace, label: str = "MoE layer") -> tuple[str, int]:
     """Layer slider whose choice survives page switches (`st.session_state["layer"]`); → (site, layer)."""
     layers = layer_options(trace.layer_keys)
-    site, layer = layers[kept("layer", list(layers), st.select_slider, label, list(layers))]
+    share.restore(share.LAYER, "layer", list(layers), "MoE layers of this model")
+    chosen = kept("layer", list(layers), st.select_slider, label, list(layers))
+    share.publish(share.LAYER, chosen)
+    site, layer = layers[chosen]
+    share.check_link_expert(trace.layer(layer, site).num_experts)  # the expert picker, below, takes it
     _layer_kind(trace.layer(layer, site))
     return site, layer
 
@@ -161,11 +174,14 @@ def pick_token(options: dict[str, tuple[int, int]], clicked: tuple[int, int] | N
     by_key = {key: label for label, key in options.items()}
     if new_click(clicked, "token_clicked") and clicked in by_key:
         st.session_state["token"] = by_key[clicked]
+    if share.restore_token(options):  # a link's token: a choice, as if picked
+        st.session_state.pop(TOKEN_DEFAULT, None)
     if st.session_state.get("token") not in labels:  # `kept` falls back on the first
         st.session_state[TOKEN_DEFAULT] = labels[0]
     label = kept("token", labels, st.selectbox, "Token", labels, help="Or click a heatmap cell")
     if label != st.session_state.get(TOKEN_DEFAULT):  # picked, or clicked: the user's
         st.session_state.pop(TOKEN_DEFAULT, None)
+    share.publish(share.TOKEN, share.token_value(*options[label]))
     return options[label]
 
 
@@ -245,6 +261,9 @@ def default_expert(model: object, default: int | None) -> None:
     model or routing file). A default moves on with the page (another layer, token, prompt or page: the new
     default); an expert picked by hand stays, until another model is opened — on which its id, kept as
     is, would name an unrelated and often dead expert. `default` None: the picker's own default."""
+    linked = share.take_link_expert()  # a link's expert (checked by `pick_layer`): chosen by hand
+    if linked is not None:
+        set_expert(model, linked)
     kept_expert = st.session_state.get("expert")
     last = st.session_state.get(EXPERT_DEFAULT)
     on_this_model = last is not None and last[0] == model and kept_expert is not None
@@ -255,6 +274,7 @@ def default_expert(model: object, default: int | None) -> None:
     elif default is not None:
         st.session_state["expert"] = int(default)
         st.session_state[EXPERT_DEFAULT] = (model, int(default), True)
+    share.publish(share.EXPERT, st.session_state.get("expert"))  # the expert the picker below opens on
 
 
 def set_expert(model: object, expert: int, *, as_default: bool = False) -> None:

@@ -1,7 +1,7 @@
 """Checkpoints: how routing settles over training — saturation, balance, drift and specialisation."""
 
 import streamlit as st
-from components import exports
+from components import exports, share
 from components.checkpoint_store import (
     WINDOW_TOKENS,
     WINDOWS,
@@ -11,6 +11,7 @@ from components.checkpoint_store import (
     timeline_table,
 )
 
+from moeviz import snippets
 from moeviz.charts.checkpoints import (
     TIMELINE_INDICATORS,
     balance_timeline_chart,
@@ -64,6 +65,11 @@ st.caption(
     f"{TIMELINE_INDICATORS[indicator].capitalize()} per layer and checkpoint; dashed lines are the "
     "warning (orange) and collapsed (red) thresholds of the collapse verdict."
 )
+if indicator == "z_loss" and not (timeline.crossings["indicator"] == "z_loss").any():
+    st.caption(
+        "No z-loss threshold: these routers score each expert on its own (sigmoid), with no softmax "
+        "partition function, and are not trained with a z-loss; its value is shown for reference only."
+    )
 
 st.subheader("Expert drift")
 if len(drift):
@@ -96,3 +102,4 @@ st.caption("Per checkpoint × layer: balance, verdict and saturation (drift and 
 exports.table_downloads(frame, "checkpoint_timeline")
 exports.table_downloads(timeline.drift, "expert_drift")
 exports.table_downloads(timeline.specialisation, "domain_specialisation_timeline")
+share.reproduce(lambda: snippets.checkpoints_view(series, WINDOWS, WINDOW_TOKENS, kind, indicator))

@@ -1,8 +1,9 @@
 """Compare: two models or checkpoints on the same text, side by side and as differences."""
 
 import streamlit as st
-from components import access, caches, expert_axis, exports, load_options, page_input, pickers, prompt
+from components import access, caches, expert_axis, exports, load_options, page_input, pickers, prompt, share
 
+from moeviz import snippets
 from moeviz.analysis import (
     expert_balance_frame,
     expert_drift_frame,
@@ -11,6 +12,7 @@ from moeviz.analysis import (
     routing_agreement_frame,
 )
 from moeviz.charts import agreement_chart
+from moeviz.charts.compare import side_by_side_load_heatmap
 
 st.title("Compare")
 source = pickers.model_picker()
@@ -53,6 +55,7 @@ page_input.runs_the_model("Compare")  # a routing file chosen elsewhere: said, n
 text = prompt.prompt_form()
 trace_a = caches.load_or_stop(source_a, text)
 trace_b = caches.load_or_stop(source_b, text)
+share.reproduce(lambda: snippets.compare_view(*map(load_options.source_of, (source_a, source_b)), text))
 
 load_a, load_b = expert_balance_frame(trace_a), expert_balance_frame(trace_b)
 # the axis of the model with more experts (A's when they have as many)
@@ -63,7 +66,10 @@ for place, key, load, name in zip(
     places, ("load_a", "load_b"), (load_a, load_b), (f"A: {source_a}", f"B: {source_b}"), strict=True
 ):
     with place:
-        expert_axis.show_layer_expert_heatmap(load, "utilisation", axis.fitting(load), key, title=name)
+        if axis.at_scale:
+            expert_axis.show_layer_expert_heatmap(load, "utilisation", axis.fitting(load), key, title=name)
+        else:  # half a column each: the legend under the cells, where it fits
+            exports.show_chart(side_by_side_load_heatmap(load, title=name), key)
 st.caption("Utilisation c_e / (kT/E) per layer and expert in each model (white = fair share).")
 
 try:

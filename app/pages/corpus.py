@@ -1,9 +1,10 @@
 """Corpus: routing at corpus scale from a Parquet store — load, balance and domain specialisation."""
 
 import streamlit as st
-from components import expert_axis, exports
+from components import expert_axis, exports, share
 from components.corpus_store import run_options, store_picker
 
+from moeviz import snippets
 from moeviz.analysis import domain_top_experts, filter_experts
 from moeviz.charts import balance_chart
 from moeviz.charts.checkpoints import domain_specialisation_heatmap
@@ -116,3 +117,6 @@ st.caption(
     "a screen and lift as the effect."
 )
 exports.table_downloads(top, "corpus_top_experts")
+share.reproduce(
+    lambda: snippets.corpus_view(str(store), model, checkpoint, chosen_domains, chosen_layers, indicator)
+)

@@ -8,9 +8,13 @@ import dataclasses
 import pandas as pd
 import streamlit as st
 from components import caches, deployment, exports, page_input, pickers, prompt
+from components import share as sharing  # `share` names the communication share below
+from components.counterfactual import cost_line, forward_timing, progress_bar, quantise_seconds, rerun_ids
 from components.errors import stop_on_error
 
 import moeviz
+from moeviz import snippets
+from moeviz.capture.layer_progress import layer_progress
 from moeviz.charts.deployment import (
     capacity_drop_chart,
     comm_share_chart,
@@ -25,6 +29,7 @@ from moeviz.charts.deployment import (
     prefetch_recall_chart,
 )
 from moeviz.charts.tables import token_options
+from moeviz.interventions.cost import prefetch_cost, quantisation_cost
 from moeviz.whatif.capacity import DEFAULT_CFS, DROP_POLICIES
 from moeviz.whatif.ep import MESSAGE_DTYPES, PLACEMENTS, REPLICAS, SOURCES, EPConfig
 from moeviz.whatif.offload import POLICIES
@@ -277,6 +282,15 @@ if ep_tab.open is not False and load_table is None:
             st.dataframe(layers, hide_index=True)
             exports.table_downloads(layers, "ep_layers")
             deployment.definitions("Expert parallelism", after.definition)
+            sharing.reproduce(
+                lambda: snippets.ep_view(
+                    sharing.deployment_input(source, chosen, stored is not None, text),
+                    dataclasses.asdict(config),
+                    fit_on_part,
+                    split,
+                ),
+                "the expert-parallel what-if",
+            )
 
 if offload_tab.open is not False and routes is not None:
     with offload_tab:
@@ -333,6 +347,16 @@ if offload_tab.open is not False and routes is not None:
                 "Offloading",
                 *(f"{policy} — {result.definition}" for policy, result in results.items()),
             )
+            sharing.reproduce(
+                lambda: snippets.offload_view(
+                    sharing.deployment_input(source, chosen, stored is not None, text),
+                    cache,
+                    policies,
+                    weight_dtype,
+                    bandwidth,
+                ),
+                "the offloading what-if",
+            )
 
 if offload_tab.open is not False:
     with offload_tab:
@@ -343,9 +367,20 @@ if offload_tab.open is not False:
             f"per sequence). {rerun.note}"
         )
         prefetched = st.session_state.setdefault(PREFETCH, {})
-        if st.button("Measure the prefetch recall", key="prefetch_run", icon=":material/play_arrow:"):
-            with st.spinner(f"Routing {rerun.label} and applying each next router…"), stop_on_error():
+        prefetch_ids = rerun_ids(loaded, **rerun.kwargs)
+        prefetch_row = st.container(horizontal=True, vertical_alignment="center")
+        run_prefetch = prefetch_row.button(
+            "Measure the prefetch recall", key="prefetch_run", icon=":material/play_arrow:"
+        )
+        prefetch_forwards = len(prefetch_ids or [None])
+        if prefetch_ids:
+            timing = forward_timing(source, loaded, prefetch_ids[0])
+            prefetch_row.caption(cost_line(prefetch_cost(timing, list(map(len, prefetch_ids))), timing))
+        if run_prefetch:
+            update, bar = progress_bar(f"Routing {rerun.label} and applying each next router…")
+            with stop_on_error(), layer_progress(loaded.model, update, forwards=prefetch_forwards):
                 prefetched[(source, rerun.key)] = prefetch_recall(loaded, **rerun.kwargs)
+            bar.empty()
         recall = prefetched.get((source, rerun.key))
         if recall is not None:
             exports.show_chart(prefetch_recall_chart(recall), "prefetch_recall")
@@ -428,6 +463,17 @@ if capacity_tab.open is not False and routes is not None:
             exports.table_downloads(layers, "capacity_layers")
             exports.table_downloads(capacity.experts_frame(), "capacity_experts")
             deployment.definitions("Capacity", capacity.definition)
+            sharing.reproduce(
+                lambda: snippets.capacity_view(
+                    sharing.deployment_input(source, chosen, stored is not None, text),
+                    cfs,
+                    drop_policy,
+                    exact,
+                    group_tokens,
+                    float(max_drop) / 100,
+                ),
+                "the capacity what-if",
+            )
 
 if quant_tab.open is not False:
     with quant_tab:
@@ -441,26 +487,47 @@ if quant_tab.open is not False:
             "Quantise", TARGETS, key="quant_target", help="The routed experts, the router, or both"
         )
         runs = st.session_state.setdefault(QUANT, {})
-        if st.button(
+        quant_ids = rerun_ids(loaded, **rerun.kwargs)
+        quant_row = st.container(horizontal=True, vertical_alignment="center")
+        run_quant = quant_row.button(
             "Quantise and compare routing", key="quant_run", type="primary", icon=":material/play_arrow:"
-        ):
+        )
+        quant_forwards = 1
+        if quant_ids:
+            timing = forward_timing(source, loaded, quant_ids[0])
+            quant_estimate = quantisation_cost(
+                timing, list(map(len, quant_ids)), quantise_seconds(source, loaded, dtype, target)
+            )
+            quant_forwards = quant_estimate.forwards
+            quant_row.caption(cost_line(quant_estimate, timing))
+        if run_quant:
             with st.status(f"Quantising the {target} to {dtype}…", expanded=True) as status:
-                bar = st.progress(0.0)
+                update, bar = progress_bar(f"fake-quantising the {target} weights to {dtype}")
+                with layer_progress(loaded.model, update, forwards=quant_forwards) as ticker:
 
-                def progress(fraction: float, message: str) -> None:
-                    bar.progress(min(max(fraction, 0.0), 1.0), text=message)
+                    def progress(_fraction: float, message: str) -> None:  # a stage: named, and a Stop point
+                        ticker.what = message
+                        update(ticker.done / (ticker.forwards * ticker.layers), message)
 
-                try:
-                    runs[(source, rerun.key, dtype, target)] = quantisation_flips(
-                        loaded, **rerun.kwargs, dtype=dtype, target=target, progress=progress
-                    )
-                except moeviz.MoevizError as exc:
-                    status.update(label=str(exc), state="error")
-                else:
-                    status.update(label=f"Compared {dtype} ({target}) with the original", state="complete")
+                    try:
+                        runs[(source, rerun.key, dtype, target)] = quantisation_flips(
+                            loaded, **rerun.kwargs, dtype=dtype, target=target, progress=progress
+                        )
+                    except moeviz.MoevizError as exc:
+                        status.update(label=str(exc), state="error")
+                    else:
+                        status.update(
+                            label=f"Compared {dtype} ({target}) with the original", state="complete"
+                        )
+        sharing.reproduce(
+            lambda: snippets.quantisation_view(
+                sharing.snippet_input(source, chosen if chosen.is_corpus else None, text), dtype, target
+            ),
+            "the quantisation what-if",
+        )
         mine = {key[2:]: result for key, result in runs.items() if key[:2] == (source, rerun.key)}
         if not mine:
-            st.info(f"Press the button to run the comparison (two forward passes over {rerun.label}).")
+            st.info(f"Press the button to run the comparison on {rerun.label} (its cost is beside it).")
             deployment.definitions("Quantisation", QUANT_DEFINITION)
         else:
             flips = pd.concat([r.layers_frame() for r in mine.values()], ignore_index=True)
@@ -545,3 +612,4 @@ if size_tab.open is not False:
         )
         exports.table_downloads(table, "model_sizes")
         deployment.definitions("Model size", size.definition)
+        sharing.reproduce(lambda: snippets.size_view(*sharing.model_and_options(source)), "the model size")

@@ -5,11 +5,12 @@ one side's routing is replayed in the model. Every number comes from `moeviz.ana
 
 import pandas as pd
 import streamlit as st
-from components import caches, engine_sources, exports, load_options, page_input, pickers, prompt
+from components import caches, engine_sources, exports, load_options, page_input, pickers, prompt, share
 from components.engine_sources import REPLAYS
 from components.errors import stop_on_error
 
 import moeviz
+from moeviz import snippets
 from moeviz.charts import (
     layer_mismatch_chart,
     margin_quartile_chart,
@@ -48,6 +49,9 @@ for column, side in zip(st.columns(2), "AB", strict=True):
 a, b = (engine_sources.load(source, text) for source in picked)
 with stop_on_error():
     diff = engine_sources.diff_of(a.ident, b.ident, a.trace, b.trace)
+share.reproduce(
+    lambda: snippets.engines_view(share.engine_input(a, text), share.engine_input(b, text)), "the diff"
+)
 
 # ---- the verdict -------------------------------------------------------------------------------------------
 pairs = f"{diff.mismatched:,} of {diff.pairs:,} (token, layer)"

@@ -1,9 +1,10 @@
 """Learn: a guided lesson in short steps, one screen each, on the bundled samples. Every number is measured
-on one fixed text (`components.learn.LESSON_TEXT`) routed through the sample models."""
+on one fixed text (`components.learn.LESSON_TEXT`) routed through the sample models, or on the user's own
+text ("Use my own text", steps 1–7) through the same cached captures as the other pages."""
 
 import pandas as pd
 import streamlit as st
-from components import caches, exports
+from components import caches, exports, presentation, share
 from components import learn as lesson_ui
 from components.widgets import kept
 
@@ -44,7 +45,7 @@ from moeviz.charts.learn import (
     token_weights_chart,
 )
 
-TEXT = lesson_ui.LESSON_TEXT
+TEXT = lesson_ui.LESSON_TEXT  # or the user's (`lesson_ui.lesson_text`), set before the step is drawn
 WEIGHT_TOKENS = 24  # tokens drawn in the top-1 vs top-2 step
 
 
@@ -53,8 +54,8 @@ def trace_of(source: str):
 
 
 def notice(text: str) -> None:
-    """The step's one "what to notice" line."""
-    st.info(f"**What to notice:** {text}", icon=":material/visibility:")
+    """The step's one "what to notice" line (shortened in the projector layout: `lesson_ui.notice`)."""
+    lesson_ui.notice(text)
 
 
 def beside():
@@ -88,11 +89,15 @@ def router_step() -> None:
     notice(router_notice(walk, routing.num_experts))
     exports.show_chart(
         router_walkthrough_chart(
-            walk, k=routing.k, score_fn=routing.score_fn, title=f"Token {label} at MoE layer {layer}"
+            walk,
+            k=routing.k,
+            score_fn=routing.score_fn,
+            title=f"Token {label} at MoE layer {layer}",
+            row_height=presentation.height("learn_router_row"),
         ),
         "learn_router",
     )
-    st.caption(
+    lesson_ui.details(
         f"{lesson_ui.HEALTHY}, MoE layer {layer}. ① the router's logits, one per expert (a linear layer "
         f"of the token's hidden state); ② p = {routing.score_fn}(logits); ③ the top-{routing.k} kept and "
         f"renormalised, w_e = p_e / Σ_chosen p. The model's own combination weights: "
@@ -122,19 +127,28 @@ def top_k_step() -> None:
         )
     rerouted = reroute(routing, RerouteSettings(k=k, score_fn=routing.score_fn))
     stats = balance_stats(rerouted.as_layer_routing())
-    notice(top_k_notice(rerouted.weights, stats.max_share, stats.tokens, routing.num_experts))
+    notice(
+        top_k_notice(rerouted.weights, stats.max_share, stats.tokens, routing.num_experts, judge_length=True)
+    )
     left, right = st.columns([3, 2])
     with left:
         frame = token_weights_frame(trace.tokens, routing, rerouted.experts, rerouted.weights, WEIGHT_TOKENS)
         exports.show_chart(
-            token_weights_chart(frame, title=f"Top-{k}: the first {WEIGHT_TOKENS} tokens"), "learn_weights"
+            token_weights_chart(
+                frame,
+                title=f"Top-{k}: the first {WEIGHT_TOKENS} tokens",
+                height=presentation.height("learn_weights"),
+            ),
+            "learn_weights",
         )
     with right:
         exports.show_chart(
-            expert_load_chart(rerouted.load_rows(), title=f"Load with top-{k}").properties(height=170),
+            expert_load_chart(rerouted.load_rows(), title=f"Load with top-{k}").properties(
+                height=presentation.height("learn_k_load")
+            ),
             "learn_k_load",
         )
-    st.caption(
+    lesson_ui.details(
         f"The captured router scores of MoE layer {layer} ({lesson_ui.HEALTHY}, trained with top-2) routed "
         f"again with top-{k}, weights renormalised over the chosen experts. Dashed line: the fair share kT/E."
     )
@@ -148,12 +162,14 @@ def load_step() -> None:
     rows = expert_balance_frame(trace)
     load = rows[(rows["site"] == site) & (rows["layer"] == layer)]
     fair = 1 / len(load)
-    notice(load_notice(load, layer))
     stats = balance_stats(trace.layer(layer, site))
+    notice(load_notice(load, layer, tokens=stats.tokens, k=stats.top_k))
     chart, metrics = beside()
     with chart:
         exports.show_chart(
-            expert_load_chart(load, title=f"Expert load, MoE layer {layer}").properties(height=190),
+            expert_load_chart(load, title=f"Expert load, MoE layer {layer}").properties(
+                height=presentation.height("learn_load")
+            ),
             "learn_load",
         )
     metrics.metric("Fair share 1/E", f"{fair:.1%}", width="content")
@@ -165,7 +181,7 @@ def load_step() -> None:
         width="content",
     )
     metrics.metric("Dead experts", stats.dead_experts, help="Experts that got no token", width="content")
-    st.caption(
+    lesson_ui.details(
         f"{lesson_ui.HEALTHY}, {stats.tokens} tokens × k = {stats.top_k} slots. Bars: tokens sent to each "
         "expert (a token counts once per expert it uses); dashed line: the fair share kT/E (= 1/E of the "
         "slots)."
@@ -181,11 +197,17 @@ def aux_loss_step() -> None:
     terms = aux_terms(routing)
     loss = float(terms["term"].sum())
     k = routing.k
-    notice(aux_notice(terms, k, layer))
+    notice(aux_notice(terms, k, layer, tokens=len(routing.token_rows)))
     chart, metrics = beside()
     with chart:
         exports.show_chart(
-            aux_terms_chart(terms, k=k, title=f"Terms E·f_e·P_e, MoE layer {layer}"), "learn_aux"
+            aux_terms_chart(
+                terms,
+                k=k,
+                title=f"Terms E·f_e·P_e, MoE layer {layer}",
+                height=presentation.height("learn_aux"),
+            ),
+            "learn_aux",
         )
     metrics.metric(
         "Aux loss L, top-k form",
@@ -195,7 +217,7 @@ def aux_loss_step() -> None:
     )
     metrics.metric("Balanced value", f"{k}", help="L under perfectly even load (f_e = k/E)", width="content")
     metrics.metric("L ÷ balanced", f"{loss / k:.3f}", width="content")
-    st.caption(
+    lesson_ui.details(
         "Switch / GShard auxiliary loss in its top-k form (transformers' load_balancing_loss_func): f_e = "
         "share of tokens whose top-k includes e (not divided by k), P_e = mean router probability of e. "
         "Training adds α·L (α ≈ 0.01) to the language-model loss; its gradient (through P) pushes "
@@ -218,11 +240,21 @@ def collapse_step() -> None:
         parts.append(rows[(rows["site"] == site) & (rows["layer"] == layer)].assign(model=name))
         stats[name] = balance_stats(trace.layer(layer, site))
     load = pd.concat(parts, ignore_index=True)
-    notice(collapse_notice(contrast, site, layer, len(stats["healthy"].counts)))
-    exports.show_chart(
-        load_side_by_side_chart(load, title=f"Load per expert, MoE layer {layer}"), "learn_collapse"
+    healthy = stats["healthy"]
+    notice(
+        collapse_notice(contrast, site, layer, len(healthy.counts), tokens=healthy.tokens, k=healthy.top_k)
     )
-    metrics = st.container(horizontal=True, gap="large")
+    chart, numbers = presentation.beside([3, 1])  # on a projector the entropies stand beside the panels
+    with chart:
+        exports.show_chart(
+            load_side_by_side_chart(
+                load,
+                title=f"Load per expert, MoE layer {layer}",
+                height=presentation.height("learn_collapse"),
+            ),
+            "learn_collapse",
+        )
+    metrics = numbers.container(horizontal=not presentation.projector(), gap="large")
     for name, s in stats.items():
         metrics.metric(
             f"{name}: load entropy",
@@ -230,7 +262,7 @@ def collapse_step() -> None:
             help=f"H(load) / log E (1 = even); {s.dead_experts} dead experts",
             width="content",
         )
-    st.caption(
+    lesson_ui.details(
         "mixtral-healthy: trained with the balancing loss; mixtral-unbalanced: without it (a few hub "
         "experts); mixtral-collapsed: trained with a loss that rewards imbalance. The Load & collapse page "
         "gives the verdicts on a longer text."
@@ -248,7 +280,7 @@ def bias_step() -> None:
     without, with_bias, no_bias = bias_effect(routing)
     changed = without.changed_tokens
     n, e, k = len(routing.token_rows), routing.num_experts, routing.k
-    notice(bias_notice(changed, with_bias, no_bias))
+    notice(bias_notice(changed, with_bias, no_bias, judge_length=True))
     fair = n * k / e
     load = pd.concat(
         [
@@ -262,13 +294,18 @@ def bias_step() -> None:
     chart, metrics = beside()
     with chart:
         exports.show_chart(
-            choice_load_chart(load, title=f"Load with and without the bias, MoE layer {layer}"), "learn_bias"
+            choice_load_chart(
+                load,
+                title=f"Load with and without the bias, MoE layer {layer}",
+                height=presentation.height("learn_bias"),
+            ),
+            "learn_bias",
         )
     metrics.metric("Tokens that change experts", f"{changed} of {n}", width="content")
     metrics.metric("Load entropy, with the bias", f"{with_bias.load_entropy:.3f}", width="content")
     metrics.metric("Load entropy, without", f"{no_bias.load_entropy:.3f}", width="content")
     spread = bias_stats(routing.bias)
-    st.caption(
+    lesson_ui.details(
         f"{lesson_ui.BIASED}: sigmoid scores; the experts are chosen on score + b_e (b learned in "
         "training: raised for underused experts, lowered for overused ones), the weights use the score "
         f"alone; at this layer std(b) = {spread.std:.3f}, largest |b| = {spread.max_abs:.3f}. "
@@ -293,7 +330,10 @@ def shared_step() -> None:
     with chart:
         exports.show_chart(
             shared_experts_chart(
-                shares, k=k, title=f"Share of the tokens each expert processes, layer {layer}"
+                shares,
+                k=k,
+                title=f"Share of the tokens each expert processes, layer {layer}",
+                height=presentation.height("learn_shared"),
             ),
             "learn_shared",
         )
@@ -308,7 +348,7 @@ def shared_step() -> None:
         f"routed · k/E): {params['shared']:,} shared and {params['routed']:,} routed parameters here",
         width="content",
     )
-    st.caption(
+    lesson_ui.details(
         f"{lesson_ui.BIASED}: each MoE layer has {s} shared expert and {e} routed ones. The shared "
         "expert learns what every token needs, so the routed experts are free to specialise (DeepSeekMoE)."
     )
@@ -331,20 +371,22 @@ def deployment_step() -> None:
     metrics.metric("Parameters to hold", f"{params['total']:,}", width="content")
     metrics.metric("Active per token", f"{params['active']:,}", width="content")
     metrics.metric("Active fraction", f"{params['active_fraction']:.0%}", width="content")
-    st.markdown(
+    bullets, links = presentation.beside([3, 2])  # side by side on a projector
+    bullets.markdown(
         "- **Expert parallelism**: experts spread over GPUs; an uneven load makes one GPU the bottleneck.\n"
         "- **Offloading**: experts kept in CPU memory or on disk and fetched when a token needs them.\n"
         "- **Capacity**: a cap on tokens per expert drops the overflow.\n"
         "- **Quantisation**: smaller weights can flip close routing decisions."
     )
-    lesson_ui.page_link_if_registered(
-        "pages/deployment.py", "Deployment what-ifs on a captured text", ":material/dns:"
-    )
-    lesson_ui.page_link_if_registered(
-        "pages/playground.py", "Routing playground: change k, bias, capacity on a text", ":material/tune:"
-    )
-    lesson_ui.page_link_if_registered("pages/lab.py", "Lab: train a small MoE live", ":material/science:")
-    st.caption(
+    with links:
+        lesson_ui.page_link_if_registered(
+            "pages/deployment.py", "Deployment what-ifs on a captured text", ":material/dns:"
+        )
+        lesson_ui.page_link_if_registered(
+            "pages/playground.py", "Routing playground: change k, bias, capacity on a text", ":material/tune:"
+        )
+        lesson_ui.page_link_if_registered("pages/lab.py", "Lab: train a small MoE live", ":material/science:")
+    lesson_ui.details(
         f"{lesson_ui.BIASED}; parameters counted on the loaded model (active = total − routed × (1 − k/E))."
     )
 
@@ -354,8 +396,8 @@ def sweep_step() -> None:
     st.subheader("9 · How many experts?")
     sweep = lesson_ui.experts_sweep()
     notice(sweep_notice(sweep))
-    exports.show_chart(experts_sweep_chart(sweep), "learn_sweep")
-    st.caption(
+    exports.show_chart(experts_sweep_chart(sweep, height=presentation.height("learn_sweep")), "learn_sweep")
+    lesson_ui.details(
         "docs/experts-sweep.csv: small MoE models trained on the sample corpus with the same tokens and "
         "matched active parameters; held-out loss on the evaluation slices. At this small scale the curve "
         "shows the trend, not the values a large model would reach."
@@ -374,8 +416,18 @@ STEPS = {
 }
 if lesson_ui.experts_sweep() is not None:
     STEPS["sweep"] = ("9 How many?", sweep_step)
+READS_TEXT = {"router", "top_k", "load", "aux", "collapse", "bias", "shared"}  # the steps that route a text
 
 lesson_ui.compact_top()
 st.title("Learn: how MoE routing works")
+share.restore(share.STEP, lesson_ui.STEP_KEY, list(STEPS), "Learn steps")  # a link to a step opens it
 step = lesson_ui.step_picker({key: label for key, (label, _) in STEPS.items()})
+share.publish(share.STEP, step)
+if step in READS_TEXT:
+    TEXT = lesson_ui.lesson_text(st.sidebar)
+    if TEXT is None:
+        lesson_ui.empty_text_message()
+        st.stop()
+    lesson_ui.forget_choices_on_new_text(TEXT, [f"learn_{name}_layer" for name in READS_TEXT])
 STEPS[step][1]()
+share.reproduce(lambda: share.learn_code(step), f"step {STEPS[step][0]}")

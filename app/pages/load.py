@@ -2,8 +2,9 @@
 on text, of a routing file, or of an engine's expert counts (a load table: `moeviz import` of counts)."""
 
 import streamlit as st
-from components import docs, expert_axis, exports, page_input, pickers
+from components import docs, expert_axis, exports, page_input, pickers, share
 
+from moeviz import snippets
 from moeviz.analysis import (
     AUX_LOSS_FORMS,
     CollapseThresholds,
@@ -244,3 +245,4 @@ if flagged.empty:
 else:
     st.dataframe(flagged, hide_index=True)
 exports.table_downloads(flagged, "dead_hot_experts")
+share.reproduce(lambda: snippets.load_view(share.snippet_input(source, chosen), metric, chosen.is_load))

@@ -6,14 +6,14 @@ import re
 
 import pandas as pd
 import streamlit as st
-from components import caches, expert_axis, exports, page_input, pickers, prompt
+from components import caches, expert_axis, exports, page_input, pickers, presentation, prompt
 from components.counterfactual import next_token_metrics
 from components.errors import stop_on_error
 from components.scale import at_scale
 
 import moeviz
 from moeviz.analysis.losses import AUX_LOSS_FORMS
-from moeviz.analysis.reroute import RerouteSettings, max_k, reroute_layer
+from moeviz.analysis.reroute import RerouteSettings, max_k, parse_bias, reroute_layer
 from moeviz.charts import router_score_heatmap
 from moeviz.charts.attribution import position_delta_chart
 from moeviz.charts.learn import aux_terms_compare_chart
@@ -21,7 +21,7 @@ from moeviz.interventions import ForceRouting, counterfactual
 
 MAX_TOKENS = 200  # tokens of the dispatch heatmap
 MAX_RERUN_TOKENS = 2048  # longer prompts: the re-run would hold the server
-BIAS_COLUMNS = 8  # bias inputs per row
+BIAS_COLUMNS = 4  # bias inputs per row: at 8, "expert 0" was cut to "exper / t 0" on a 900 px screen
 SCORE_FUNCTIONS = ["softmax", "sigmoid"]
 BIAS_WIDGET_KEY = re.compile(r"pg_bias_(\d+|table_\d+)")  # an input per expert, or the table at scale
 
@@ -85,7 +85,7 @@ def _start(values: dict) -> None:
 
 def teaching_point(question: str, answer: str) -> None:
     """A paradox the numbers beside it show, explained where it happens (drawn only when they show it)."""
-    st.info(f"**{question}** {answer}", icon=":material/lightbulb:")
+    effect_area.info(f"**{question}** {answer}", icon=":material/lightbulb:")
 
 
 _start(_defaults())
@@ -107,7 +107,9 @@ grouped = max_k(routing, group_limit=True) < experts_n
 group_limit = bool(st.session_state.get("pg_groups", True)) if grouped else False
 top = max_k(routing, group_limit)
 st.session_state["pg_k"] = min(int(st.session_state["pg_k"]), top)
-a, b, c, d = st.columns(4)
+# the controls, and below them what they change; side by side in the projector layout (one screen)
+controls_area, effect_area = presentation.beside([1, 2])
+a, b, c, d = presentation.columns_or_stack(controls_area, 4)
 with a:
     if top > 1:
         k = st.slider(
@@ -144,7 +146,7 @@ with d:
         help="C = ceil(T·k/E × factor) slots per expert and sequence; an over-full expert keeps its C "
         "largest weights (Megatron's probs policy) and drops the rest",
     )
-e1, e2, e3 = st.columns([2, 2, 1])
+e1, e2, e3 = presentation.columns_or_stack(controls_area, [2, 2, 1])
 renormalise = e1.checkbox(
     "Renormalise the weights over the k", key="pg_renormalise", help="Else a weight is the expert's score"
 )
@@ -159,38 +161,53 @@ e3.button("Reset", on_click=_reset, args=(_defaults(),), icon=":material/restart
 
 
 def _bias_inputs() -> list[float]:
-    """One number input per expert, eight to a row."""
+    """One number input per expert, BIAS_COLUMNS to a row (two in the projector layout's narrow column)."""
     values = []
-    for start in range(0, experts_n, BIAS_COLUMNS):
+    per_row = 2 if presentation.projector() else BIAS_COLUMNS
+    for start in range(0, experts_n, per_row):
         for column, e in zip(
-            st.columns(BIAS_COLUMNS), range(start, min(start + BIAS_COLUMNS, experts_n)), strict=False
+            st.columns(per_row), range(start, min(start + per_row, experts_n)), strict=False
         ):
             values.append(column.number_input(f"expert {e}", step=0.01, format="%.3f", key=f"pg_bias_{e}"))
     return values
 
 
-def _bias_table() -> list[float]:
-    """At scale: one editable table (expert, bias) instead of hundreds of inputs."""
+def _bias_table() -> list[object]:
+    """At scale: one editable table (expert, bias) instead of hundreds of inputs. Each bias as typed (text
+    the table could not read as a number reads back NaN; its edit state keeps what was typed)."""
     start = pd.DataFrame(
         {
             "expert": range(experts_n),
             "bias": [float(b) for b in st.session_state["pg_start_bias"]],
         }
     )
+    key = f"pg_bias_table_{st.session_state['pg_bias_version']}"
     edited = st.data_editor(
         start,
-        key=f"pg_bias_table_{st.session_state['pg_bias_version']}",
+        key=key,
         hide_index=True,
         disabled=["expert"],
         height=280,
         column_config={"bias": st.column_config.NumberColumn("bias", step=0.01, format="%.3f")},
     )
-    return [float(b) for b in edited["bias"]]
+    typed: list[object] = edited["bias"].tolist()
+    for row, change in (st.session_state.get(key) or {}).get("edited_rows", {}).items():
+        if "bias" in change and 0 <= int(row) < experts_n:
+            typed[int(row)] = change["bias"]
+    return typed
 
 
-with st.expander("Balancing bias per expert (added to the scores for the choice only, as in DeepSeek-V3)"):
+with controls_area.expander(
+    "Balancing bias per expert"  # the projector's narrow column: the rest is in the caption inside
+    + ("" if presentation.projector() else " (added to the scores for the choice only, as in DeepSeek-V3)")
+):
     bias_values = _bias_table() if AT_SCALE else _bias_inputs()
-    st.caption("A positive bias makes an expert more likely to be chosen; its weight stays its score.")
+    st.caption(
+        "Added to the scores for the choice only, as in DeepSeek-V3: a positive bias makes an expert more "
+        "likely to be chosen; its weight stays its score."
+    )
+with stop_on_error():  # NaN, text or an empty cell: named by expert and value
+    bias_values = parse_bias(bias_values, experts_n)
 bias = None if captured.bias is None and not any(bias_values) else bias_values
 
 settings = RerouteSettings(
@@ -209,7 +226,7 @@ with stop_on_error():
 # ---- what changed ----------------------------------------------------------------------------------------
 n_tokens = len(routing.token_rows)
 # a row that wraps: four equal columns cut the values themselves ("0 of …") on a 900 px screen
-metrics = st.container(horizontal=True, gap="large")
+metrics = effect_area.container(horizontal=True, gap="large")
 metrics.metric("Tokens that changed experts", f"{rerouted.changed_tokens} of {n_tokens}", width="content")
 metrics.metric(
     "Dropped slots",
@@ -260,14 +277,17 @@ if rerouted.temperature_keeps_choice:
 captured_rows, rerouted_rows = rerouted.load_rows(captured=True), rerouted.load_rows()
 # the experts the per-expert views list (over 20: the top-N by the captured load, and the chosen one)
 axis = expert_axis.expert_axis(captured_rows)
-left, right = st.columns(2)
+left, right = effect_area.columns(2)
+load_height = presentation.height("pg_load")
+load_title = "Load" if presentation.projector() else "Expert load"  # a third of the page on a projector
 for column, rows, dropped, title, key in (
-    (left, captured_rows, None, f"Expert load, captured (top-{routing.k})", "pg_load_captured"),
-    (right, rerouted_rows, rerouted.dropped_slots, f"Expert load, re-routed (top-{k})", "pg_load_rerouted"),
+    (left, captured_rows, None, f"{load_title}, captured (top-{routing.k})", "pg_load_captured"),
+    (right, rerouted_rows, rerouted.dropped_slots, f"{load_title}, re-routed (top-{k})", "pg_load_rerouted"),
 ):
     with column:
-        exports.show_chart(expert_axis.load_chart(rows, axis, title=title, dropped=dropped), key)
-st.caption(
+        chart = expert_axis.load_chart(rows, axis, title=title, dropped=dropped)
+        exports.show_chart(chart if load_height is None else chart.properties(height=load_height), key)
+effect_area.caption(
     "Each expert's load against the fair share kT/E (1), busiest first; the chosen expert is marked."
     if axis.at_scale
     else "Tokens dispatched to each expert; dashed line = the fair share kT/E; grey = dropped by capacity."

@@ -2,8 +2,9 @@
 on text or of a routing file."""
 
 import streamlit as st
-from components import expert_axis, exports, page_input, pickers
+from components import expert_axis, exports, page_input, pickers, share
 
+from moeviz import snippets
 from moeviz.analysis import (
     coactivation_frame,
     coactivation_pair_counts,
@@ -141,3 +142,14 @@ st.caption(
     "raises chance repetition). Observed well above the shuffled baseline = routing follows local context."
 )
 exports.table_downloads(repetition, "repetition")
+share.reproduce(
+    lambda: snippets.structure_view(
+        share.snippet_input(source, chosen),
+        layer,
+        site,
+        adjacent_only=bool(adjacent),
+        top1=bool(top1),
+        path_layers=hops if RANKED else None,
+        at_scale=axis.at_scale,
+    )
+)

@@ -1,15 +1,18 @@
 """Why this expert? Attribution of a router's choice over the prompt, and what-if routing controls."""
 
 import streamlit as st
-from components import caches, expert_axis, exports, page_input, pickers, prompt
-from components.counterfactual import next_token_metrics
+from components import caches, expert_axis, exports, page_input, pickers, prompt, share
+from components.counterfactual import cost_line, forward_timing, next_token_metrics, progress_bar
 
 import moeviz
+from moeviz import snippets
 from moeviz.analysis import expert_balance_frame, layer_trace
 from moeviz.attribution import router_attribution
 from moeviz.charts.attribution import attribution_strip_chart, importance_chart, position_delta_chart
 from moeviz.charts.tables import token_options
 from moeviz.interventions import DisableExpert, ForceExpert, NextBest, counterfactual, expert_importance
+from moeviz.interventions.cost import importance_cost, whatif_cost
+from moeviz.interventions.counterfactual import busiest_experts, importance_plan, no_effect_reason
 
 MAX_TOKENS = 2048  # longer prompts: minutes of attribution that would hold the server
 
@@ -122,13 +125,24 @@ specs = {
     "Replace the top choice by the next-best": NextBest(layer=layer, positions=pos, site=site),
 }
 cf_key = ("cf", source, tuple(ids), kind, pos, site, layer, expert)
-if st.button("Run what-if", key="why_whatif"):
+timing = forward_timing(source, loaded, ids)
+no_effect = no_effect_reason(trace, [specs[kind]])  # read from the routing on screen: no forward
+whatif_row = st.container(horizontal=True, vertical_alignment="center")
+run_whatif = whatif_row.button("Run what-if", key="why_whatif", disabled=no_effect is not None)
+whatif_row.caption(
+    f"Nothing to run: {no_effect}." if no_effect else cost_line(whatif_cost(timing, len(ids)), timing)
+)
+if run_whatif:
     with st.status("Running the prompt with and without the intervention…") as status:
+        update, bar = progress_bar("Running the prompt…")
         try:
-            results[cf_key] = counterfactual(loaded, token_ids=ids, interventions=[specs[kind]])
+            results[cf_key] = counterfactual(
+                loaded, token_ids=ids, interventions=[specs[kind]], trace=trace, progress=update
+            )
             status.update(label="Done", state="complete")
         except moeviz.MoevizError as exc:
             status.update(label=str(exc), state="error")
+        bar.empty()
 if cf_key in results:
     cf = results[cf_key]
     positions = cf.position_frame()
@@ -152,12 +166,42 @@ if cf_key in results:
     exports.table_downloads(positions, "whatif_logprobs")
 
 st.subheader("Expert importance over the prompt")
-imp_key = ("imp", source, tuple(ids))
-if st.button("Disable each expert in turn", key="why_importance_run"):
-    bar = st.progress(0.0, text="Disabling experts…")
+moe_layers = sorted({r.layer for r in trace.layers})
+num_experts = max(r.num_experts for r in trace.layers)
+a, b, c = st.columns([2, 2, 1])
+span = (
+    a.select_slider("MoE layers", moe_layers, value=(moe_layers[0], moe_layers[-1]), key="why_imp_layers")
+    if len(moe_layers) > 1
+    else (moe_layers[0], moe_layers[0])
+)
+sweep_layers = [x for x in moe_layers if span[0] <= x <= span[1]]
+EVERY, BUSIEST = "every expert dispatched on the prompt", "the busiest N per layer"
+choice = b.radio(
+    "Experts",
+    [EVERY, BUSIEST],
+    index=1 if num_experts > 64 else 0,  # hundreds of experts: a sweep of every one runs for hours
+    key="why_imp_experts",
+    help="An expert no token of the prompt is sent to cannot change the loss: it is never disabled.",
+)
+busiest_n = int(c.number_input("N", 1, num_experts, 8, key="why_imp_n", disabled=choice != BUSIEST))
+sweep_experts = busiest_experts(trace, busiest_n, sweep_layers) if choice == BUSIEST else None
+plans = importance_plan(loaded.sites, trace, layers=sweep_layers, experts=sweep_experts)
+sweep_cost = importance_cost(timing, len(ids), [len(p.measured) for p in plans])
+measured = sum(len(p.measured) for p in plans)
+imp_key = ("imp", source, tuple(ids), tuple(sweep_layers), choice, busiest_n if choice == BUSIEST else 0)
+imp_row = st.container(horizontal=True, vertical_alignment="center")
+run_importance = imp_row.button(
+    "Disable each expert in turn", key="why_importance_run", disabled=not measured
+)
+imp_row.caption(
+    f"{len(sweep_layers)} of {len(moe_layers)} MoE layers × {choice.replace(' N ', f' {busiest_n} ')}: "
+    f"{measured:,} (layer, expert) pairs. " + cost_line(sweep_cost, timing)
+)
+if run_importance:
+    update, bar = progress_bar("Disabling experts…")
     try:
         results[imp_key] = expert_importance(
-            loaded, token_ids=ids, progress=lambda f, t: bar.progress(f, text=t)
+            loaded, token_ids=ids, layers=sweep_layers, experts=sweep_experts, progress=update
         )
     except moeviz.MoevizError as exc:
         st.error(str(exc))
@@ -165,3 +209,16 @@ if st.button("Disable each expert in turn", key="why_importance_run"):
 if imp_key in results:
     exports.show_chart(importance_chart(results[imp_key]), "why_importance")
     exports.table_downloads(results[imp_key], "expert_importance")
+share.reproduce(
+    lambda: snippets.why_view(
+        share.snippet_input(source, text=prompt),
+        pos,
+        layer,
+        site,
+        expert,
+        target=target,
+        baseline=baseline,
+        steps=steps,
+        intervention=share.WHY_INTERVENTIONS.get(kind, kind),
+    )
+)

@@ -38,6 +38,15 @@ NOT_ENOUGH_TOKENS = "not enough tokens to judge"  # the note (and status) of a l
 # Routers whose scores are a softmax over the logits: the z-loss (the size of the softmax's log-partition) is
 # theirs; sigmoid routers score each expert on its own and are not trained with one.
 Z_LOSS_SCORE_FNS = ("softmax",)
+
+
+def judges_z_loss(score_fn: str | None) -> bool:
+    """Whether the z-loss rule applies to a router with this score function (`LayerRouting.score_fn`; None:
+    not recorded, judged as softmax): softmax routers only — sigmoid and other per-expert scores have no
+    partition function and are not trained with a z-loss, so no z-loss threshold is theirs."""
+    return score_fn is None or score_fn in Z_LOSS_SCORE_FNS
+
+
 LOAD_INDICATORS = 3  # dead fraction, max share, load entropy: the load tests per layer (Bonferroni)
 
 # LayerVerdict.status
@@ -311,8 +320,7 @@ def judge_layer(
         notes.append(
             f"{balance.dropped_fraction:.0%} of slots dropped by capacity: the load shown is after dropping"
         )
-    softmax = score_fn is None or score_fn in Z_LOSS_SCORE_FNS
-    findings += _router_findings(z if softmax else float("nan"), bias, t, e)
+    findings += _router_findings(z if judges_z_loss(score_fn) else float("nan"), bias, t, e)
     verdict = max((f.level for f in findings), default=Verdict.HEALTHY)
     return LayerVerdict(layer, site, verdict, tuple(findings), tuple(notes), balance, z, bias, load_test)
 

@@ -18,16 +18,21 @@ docs/routing-metrics.md.
   advance); `most_uneven_layer`, `largest_aux_layer`, `collapse_contrast_layer`, `bias_contrast_layer`: the
   layer a step opens on, where its point shows most. `sweep_points` / `sweep_notice`: the experts sweep
   (docs/experts-sweep.csv) per (k, experts) over seeds, with the collapses it recorded.
+- `too_few_tokens`: on a text of the user's, the sentence a load claim gives way to when the text routes
+  too few tokens for it (fewer than the collapse verdict's `min_slots_per_expert` fair-share slots per
+  expert): the notices of steps 2–6 then state that instead of comparing loads.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
 from moeviz.analysis.balance import balance_from_counts, balance_stats, expert_counts
+from moeviz.analysis.collapse import CollapseThresholds
 from moeviz.analysis.reroute import RerouteSettings, aux_terms, reroute
 from moeviz.trace import LayerRouting
 
@@ -159,6 +164,31 @@ def _pct(value: float) -> str:
     return f"{value:.1%}"
 
 
+# The load of a text routed into fewer fair-share slots per expert than this is too small a sample to say
+# which expert is busy or which routing is more even: the collapse verdict's own floor (5 slots).
+MIN_SLOTS_PER_EXPERT = CollapseThresholds.min_slots_per_expert
+
+
+def tokens_for_load_claims(num_experts: int, k: int) -> int:
+    """The fewest tokens a layer must route before a notice compares loads: MIN_SLOTS_PER_EXPERT · E / k
+    (k·T slots, at least that many per expert on average)."""
+    return math.ceil(MIN_SLOTS_PER_EXPERT * num_experts / max(k, 1))
+
+
+def too_few_tokens(tokens: int | None, num_experts: int, k: int) -> str | None:
+    """The sentence that replaces a load claim when `tokens` (routed at the layer) are too few for it
+    (`tokens_for_load_claims`), else None; None also when `tokens` is None (not checked)."""
+    need = tokens_for_load_claims(num_experts, k)
+    if tokens is None or tokens >= need:
+        return None
+    return (
+        f"your text gives this layer {tokens} token{'s' if tokens != 1 else ''} ({k * tokens} slots for "
+        f"{num_experts} experts, under {MIN_SLOTS_PER_EXPERT:g} per expert): too few to tell a busy expert "
+        f"or a more even routing from chance, so no claim about the load is made here; a text of at least "
+        f"{need} tokens shows one."
+    )
+
+
 def router_notice(walkthrough: pd.DataFrame, num_experts: int) -> str:
     """Step 1 (one token through the router), from `router_walkthrough`'s frame: how many scores survive,
     and whether the model's weights of the chosen experts are the renormalised scores (sum 1) or not."""
@@ -179,22 +209,33 @@ def router_notice(walkthrough: pd.DataFrame, num_experts: int) -> str:
     )
 
 
-def top_k_notice(weights: np.ndarray, max_share: float, tokens: int, num_experts: int) -> str:
+def top_k_notice(
+    weights: np.ndarray, max_share: float, tokens: int, num_experts: int, *, judge_length: bool = False
+) -> str:
     """Step 2 (top-1 vs top-2), from the re-routed weights [T, k] and the busiest expert's share of the kT
-    slots: the average weight of each token's 1st (largest-weight) expert, and the busiest expert's share."""
+    slots: the average weight of each token's 1st (largest-weight) expert, and the busiest expert's share
+    (with `judge_length`, only when the T tokens are enough for it: `too_few_tokens`)."""
     k = weights.shape[1]
     first = float(np.max(weights, axis=1).mean()) if len(weights) else float("nan")
     carries = " (all of it)." if k == 1 else f" and the other{'s' if k > 2 else ''} {1 - first:.0%}."
-    return (
+    text = (
         f"with top-{k} each token runs {k} expert FFN{'s' if k > 1 else ''}; its 1st expert carries "
-        f"{first:.0%} of the output on average{carries} The busiest expert takes {_pct(max_share)} of the "
-        f"{k * tokens} slots (fair: {_pct(1 / num_experts)})."
+        f"{first:.0%} of the output on average{carries} "
     )
+    short = too_few_tokens(tokens if judge_length else None, num_experts, k)
+    if short:
+        return text + short[0].upper() + short[1:]
+    fair = _pct(1 / num_experts)
+    return text + f"The busiest expert takes {_pct(max_share)} of the {k * tokens} slots (fair: {fair})."
 
 
-def load_notice(load: pd.DataFrame, layer: int) -> str:
+def load_notice(load: pd.DataFrame, layer: int, *, tokens: int | None = None, k: int = 1) -> str:
     """Step 3 (load and the fair share), from one layer's rows of `expert_balance_frame`: the busiest and the
-    quietest expert against 1/E."""
+    quietest expert against 1/E — unless the layer's `tokens` (top-`k`) are too few (`too_few_tokens`)."""
+    short = too_few_tokens(tokens, len(load), k)
+    even = f"if routing were even every expert would get 1/E = {_pct(1 / len(load))} of the slots"
+    if short:
+        return f"{even}; {short}"
     busiest, quietest = load.loc[load["share"].idxmax()], load.loc[load["share"].idxmin()]
     return (
         f"if routing were even every expert would get 1/E = {_pct(1 / len(load))} of the slots; at layer "
@@ -209,13 +250,20 @@ def most_uneven_layer(trace) -> tuple[str, int]:
     return min(entropy, key=lambda key: (entropy[key], key[1]))
 
 
-def aux_notice(terms: pd.DataFrame, k: int, layer: int) -> str:
+def aux_notice(terms: pd.DataFrame, k: int, layer: int, *, tokens: int | None = None) -> str:
     """Step 4 (the auxiliary loss), from one layer's `aux_terms` (columns expert, f, P, term): L against its
-    balanced value k, and why the largest term is large (its f against k/E, its P against 1/E)."""
+    balanced value k, and why the largest term is large (its f against k/E, its P against 1/E) — unless the
+    layer's `tokens` are too few to compare loads (`too_few_tokens`): then L alone, and that."""
     e = len(terms)
     loss = float(terms["term"].sum())
     top = terms.loc[terms["term"].idxmax()]
     relation = "at" if np.isclose(loss, k, rtol=1e-9) else ("above" if loss > k else "below")
+    short = too_few_tokens(tokens, e, k)
+    if short:
+        return (
+            f"L = E·Σ f·P reads k = {k} when the load is even; at layer {layer} it is {loss:.4f}, "
+            f"{loss / k:.3f}× that ({relation} it). But {short}"
+        )
     more_tokens, more_probability = bool(top.f > k / e), bool(1 / e < top.P)
     tokens, f_sign = ("more", ">") if more_tokens else ("no more", "≤")
     probability, p_sign = ("more", ">") if more_probability else ("no more", "≤")
@@ -270,10 +318,13 @@ def collapse_contrast_layer(frame: pd.DataFrame) -> tuple[str, int]:
     return max(gaps, key=lambda key: (gaps[key], -key[1]))
 
 
-def collapse_notice(frame: pd.DataFrame, site: str, layer: int, num_experts: int) -> str:
+def collapse_notice(
+    frame: pd.DataFrame, site: str, layer: int, num_experts: int, *, tokens: int | None = None, k: int = 1
+) -> str:
     """Step 5's line from `collapse_layers` at (site, layer): each model's busiest share and load entropy,
     whether the load gets less even in the models' order, and, when two models look alike here, the layer
-    where they differ most."""
+    where they differ most — the comparison left out, and said why, when the layer's `tokens` (top-`k`)
+    are too few for it (`too_few_tokens`)."""
     rows = frame[(frame["site"] == site) & (frame["layer"] == layer)]
     shares = ", ".join(f"{r.busiest:.0%} ({r.model})" for r in rows.itertuples())
     entropies = ", ".join(f"{r.entropy:.2f}" for r in rows.itertuples())
@@ -283,6 +334,9 @@ def collapse_notice(frame: pd.DataFrame, site: str, layer: int, num_experts: int
     )
     dead = [f"{r.dead} of {num_experts} experts dead in {r.model}" for r in rows.itertuples() if r.dead]
     text += f"; {', '.join(dead)}." if dead else "."
+    short = too_few_tokens(tokens, num_experts, k)
+    if short:
+        return f"{text} But {short}"
     first, second, gap = _closest_pair(rows)
     if gap > 0:
         text += " The weaker the balancing, the less even the load."
@@ -340,10 +394,11 @@ def bias_contrast_layer(frame: pd.DataFrame) -> tuple[str, int]:
     return str(best.site), int(best.layer)
 
 
-def bias_notice(changed: int, with_bias, no_bias) -> str:
+def bias_notice(changed: int, with_bias, no_bias, *, judge_length: bool = False) -> str:
     """Step 6's line from the two BalanceStats (with the bias = the model, without): the tokens moved, whether
     the bias evens the load (normalised entropy), and the quietest and busiest experts both ways — the
-    busiest alone can move the other way, which the line then says."""
+    busiest alone can move the other way, which the line then says. With `judge_length`, the load is only
+    compared when the tokens are enough for it (`too_few_tokens`)."""
     n, slots = with_bias.tokens, with_bias.tokens * with_bias.top_k
     q_with, q_without = with_bias.counts.min() / slots, no_bias.counts.min() / slots
     b_with, b_without = with_bias.max_share, no_bias.max_share
@@ -352,6 +407,9 @@ def bias_notice(changed: int, with_bias, no_bias) -> str:
         f"the bias only moves the choice, not the weights: without it {changed} of {n} tokens "
         f"({changed / n:.0%}) would go to other experts. "
     )
+    short = too_few_tokens(n if judge_length else None, len(with_bias.counts), with_bias.top_k)
+    if short:
+        return text + f"Load entropy {h_with:.3f} with it, {h_without:.3f} without; but {short}"
     if h_with > h_without:
         text += f"With it the load is more even (load entropy {h_with:.3f} vs {h_without:.3f} without): "
     elif h_with < h_without:

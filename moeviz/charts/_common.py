@@ -18,6 +18,12 @@ PAPER = "white"
 # Charts take the width of their container (Streamlit's column, a notebook cell), padding included.
 FIT_WIDTH = alt.AutoSizeParams(type="fit-x", contains="padding")
 
+# Altair's default data transformer refuses a chart of over 5,000 rows when a notebook displays it (an empty
+# cell and a MaxRowsError); views of a 256-expert, 58-layer model carry ~15,000 (Streamlit has no such limit).
+# Lifted only while that transformer is active with its default options: a user's own choice stays.
+if alt.data_transformers.active == "default" and not alt.data_transformers.options:
+    alt.data_transformers.enable("default", max_rows=None)
+
 
 def layer_labels(frame: pd.DataFrame) -> list[str]:
     """Row labels of a frame's (site, layer) rows: the layer number, with its site only when several sites
@@ -63,6 +69,33 @@ def spaced_ticks(last: int, max_ticks: int) -> list[int]:
             values.pop()
         values.append(last)
     return values
+
+
+def brushed_ticks(brush: str, field: str, last: int, max_ticks: int) -> alt.ExprRef:
+    """Tick values of an axis whose domain follows the interval brush `brush` over `field` (positions
+    0…`last` while nothing is brushed): `spaced_ticks` of the positions shown, recomputed by the browser as
+    the brush moves, so the axis always ends on its last position shown (Vega's own ticks stop at the last
+    round number: 240 of 256 experts). Unbrushed it is exactly `spaced_ticks(last, max_ticks)`."""
+    span = f"{brush}.{field}"
+    lo = f"max(0, ceil(min({span}[0], {span}[1])))"
+    hi = f"min({int(last)}, floor(max({span}[0], {span}[1])))"
+    raw = f"(({hi}) - ({lo})) / {max(max_ticks - 1, 1)}"
+    power = f"pow(10, floor(log({raw}) / LN10))"
+    step = (
+        f"(({raw}) <= 1 ? 1 : ({raw}) <= {power} ? {power} : ({raw}) <= 2 * {power} ? 2 * {power} : "
+        f"({raw}) <= 5 * {power} ? 5 * {power} : 10 * {power})"
+    )
+    first = f"ceil(({lo}) / {step}) * {step}"
+    # round positions at least half a step before the end (their labels would touch), then the end itself;
+    # Vega's expressions cannot concatenate arrays, so the list goes through a string (read back as numbers)
+    rounds = f"sequence({first}, ({hi}) - {step} / 2 + 0.5, {step})"
+    brushed = (
+        f"length({rounds}) ? split(join({rounds}, ',') + ',' + ({hi}), ',') : "
+        f"(({first}) < ({hi}) ? [{first}, {hi}] : [{hi}])"
+    )
+    whole = "[" + ", ".join(str(v) for v in spaced_ticks(last, max_ticks)) + "]"
+    brushed = f"({hi}) < ({lo}) ? [] : ({brushed})"  # a brush narrower than one position shows none
+    return alt.ExprRef(expr=f"isArray({span}) ? ({brushed}) : {whole}")
 
 
 def every_nth_layer(layers: Sequence[int], step: int) -> list[int]:

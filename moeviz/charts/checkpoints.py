@@ -99,7 +99,8 @@ def balance_timeline_chart(
     Input: `CheckpointTimeline.collapse` (columns checkpoint, order, site, layer and `indicator`, one of
     TIMELINE_INDICATORS) and optionally `CheckpointTimeline.crossings` (columns indicator, level,
     threshold): one horizontal rule per distinct (level, threshold) of `indicator`, orange = warning,
-    red = collapsed. Rows: one point per (checkpoint, layer).
+    red = collapsed; none (and no threshold legend) where `crossings` has none for `indicator`, e.g. the
+    z-loss of sigmoid routers, which are not trained with one. Rows: one point per (checkpoint, layer).
     """
     if indicator not in TIMELINE_INDICATORS:
         raise ValueError(f"indicator must be one of {sorted(TIMELINE_INDICATORS)}, got {indicator!r}")
@@ -121,6 +122,8 @@ def balance_timeline_chart(
                 "level:N",
                 title="threshold",
                 scale=alt.Scale(domain=list(LEVEL_COLOURS), range=list(LEVEL_COLOURS.values())),
+                # no rule (a sigmoid router's z-loss has no threshold): no threshold legend either
+                legend=alt.Undefined if len(rules) else None,
             ),
             tooltip=[alt.Tooltip("level:N"), alt.Tooltip("threshold:Q", format=".3g")],
         )

@@ -1,4 +1,5 @@
-"""Comparison views of two traces of the same text: routing agreement per layer and the load shift."""
+"""Comparison views of two traces of the same text: routing agreement per layer, the load shift, and each
+model's load heatmap sized for half a column (A beside B)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from moeviz.charts._common import FIT_WIDTH
+from moeviz.charts.load import load_heatmap
 
 AGREEMENT_SERIES = {
     "saturation_topk": "top-k overlap |Sᵃ∩Sᵇ|/|Sᵇ|",
@@ -92,3 +94,29 @@ def load_shift_heatmap(drift: pd.DataFrame, *, title: str | None = None) -> alt.
             title=title or "Load shift A → B", height=min(max(26 * layers, 100), 700), autosize=FIT_WIDTH
         )
     )
+
+
+# The utilisation legend under a half-column heatmap: its five labels in 170 px (a 1280 px page gives each
+# of A and B ~330 px, a 900 px one ~200 px), its title whole.
+HALF_LEGEND = dict(
+    title="log₂ utilisation (0 = fair share)",
+    orient="bottom",
+    direction="horizontal",
+    values=[-3, -1, 0, 1, 3],
+    gradientLength=170,
+    labelOverlap=False,
+    titleLimit=300,
+    titleOrient="top",
+)
+
+
+def side_by_side_load_heatmap(expert_balance: pd.DataFrame, *, title: str) -> alt.Chart:
+    """`load_heatmap` for half a column (Compare's A beside B): its colour legend under the cells,
+    horizontal. Beside the cells it took ~100 px of a ~330 px column and was cut: its title at the right
+    edge, its lowest label at the bottom of a few layers' short chart (100 px against a 160 px gradient).
+
+    Input: `moeviz.analysis.expert_balance_frame(trace)` rows, as for `load_heatmap`.
+    """
+    chart = load_heatmap(expert_balance, title=title)
+    chart.encoding.color["legend"] = alt.Legend(**HALF_LEGEND)
+    return chart

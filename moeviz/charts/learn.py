@@ -40,7 +40,7 @@ def _value_labels(value: str, fmt: str, other, horizontal: bool = True) -> list[
 
 
 def router_walkthrough_chart(
-    walkthrough: pd.DataFrame, *, k: int, score_fn: str, title: str
+    walkthrough: pd.DataFrame, *, k: int, score_fn: str, title: str, row_height: int = 22
 ) -> alt.HConcatChart:
     """One token's way through the router, three panels side by side, one bar per expert with its number:
     ① the router logits, ② the scores p = score_fn(logits), ③ the weights after top-k, renormalised over
@@ -89,7 +89,7 @@ def router_walkthrough_chart(
         labels = _value_labels(field, fmt, y)
         panels.append(
             alt.layer(bars, *labels, data=data).properties(
-                title=alt.Title(heading, fontSize=14), width=175, height=22 * len(data)
+                title=alt.Title(heading, fontSize=14), width=175, height=row_height * len(data)
             )
         )
     return (
@@ -99,7 +99,7 @@ def router_walkthrough_chart(
     )
 
 
-def token_weights_chart(weights: pd.DataFrame, *, title: str) -> alt.LayerChart:
+def token_weights_chart(weights: pd.DataFrame, *, title: str, height: int = 170) -> alt.LayerChart:
     """Each token's combination weights stacked, one bar per token, one segment per chosen expert (the
     expert's id printed on it), 1st choice at the bottom.
 
@@ -146,7 +146,7 @@ def token_weights_chart(weights: pd.DataFrame, *, title: str) -> alt.LayerChart:
         title=alt.Title(
             title, subtitle="one segment per expert the token is sent to, its id printed on it; orange = 1st"
         ),
-        height=170,
+        height=height,
         autosize=FIT_WIDTH,
     )
 
@@ -155,7 +155,7 @@ def _ordinal(n: int) -> str:
     return f"{n}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(n if n < 20 else n % 10, 'th') }"
 
 
-def aux_terms_chart(terms: pd.DataFrame, *, k: int, title: str) -> alt.LayerChart:
+def aux_terms_chart(terms: pd.DataFrame, *, k: int, title: str, height: int = 190) -> alt.LayerChart:
     """Bars of each expert's term E · f_e · P_e of the auxiliary loss (its value printed), and a dashed
     rule at k/E, every term when load and probability are even (the terms then sum to the balanced value k).
 
@@ -195,7 +195,7 @@ def aux_terms_chart(terms: pd.DataFrame, *, k: int, title: str) -> alt.LayerChar
             title,
             subtitle=f"dashed line: k/E = {k}/{num_experts}, each term under even load; orange = above it",
         ),
-        height=190,
+        height=height,
         autosize=FIT_WIDTH,
     )
 
@@ -255,7 +255,9 @@ def aux_terms_compare_chart(terms: pd.DataFrame, *, k: int, k_captured: int, tit
     )
 
 
-def load_side_by_side_chart(load: pd.DataFrame, *, title: str, width: int = 210) -> alt.FacetChart:
+def load_side_by_side_chart(
+    load: pd.DataFrame, *, title: str, width: int = 210, height: int = 150
+) -> alt.FacetChart:
     """Small multiples: one panel per model (in the frame's order), bars of each expert's share of the
     layer's kT slots, and a dashed rule at the fair share 1/E.
 
@@ -291,7 +293,7 @@ def load_side_by_side_chart(load: pd.DataFrame, *, title: str, width: int = 210)
     )
     return (
         alt.layer(bars, rule, data=data)
-        .properties(width=width, height=150)
+        .properties(width=width, height=height)
         .facet(
             column=alt.Column(
                 "model:N",
@@ -304,7 +306,7 @@ def load_side_by_side_chart(load: pd.DataFrame, *, title: str, width: int = 210)
     )
 
 
-def choice_load_chart(load: pd.DataFrame, *, title: str) -> alt.LayerChart:
+def choice_load_chart(load: pd.DataFrame, *, title: str, height: int = 190) -> alt.LayerChart:
     """Grouped bars of each expert's load under two routings (e.g. with and without a balancing bias), and
     a dashed rule at the fair share kT/E.
 
@@ -336,11 +338,11 @@ def choice_load_chart(load: pd.DataFrame, *, title: str) -> alt.LayerChart:
         .encode(y="max(fair):Q", tooltip=[alt.Tooltip("max(fair):Q", format=".1f", title="fair share kT/E")])
     )
     return alt.layer(bars, rule, data=data).properties(
-        title=alt.Title(title, subtitle="dashed line: the fair share kT/E"), height=190, autosize=FIT_WIDTH
+        title=alt.Title(title, subtitle="dashed line: the fair share kT/E"), height=height, autosize=FIT_WIDTH
     )
 
 
-def shared_experts_chart(shares: pd.DataFrame, *, k: int, title: str) -> alt.LayerChart:
+def shared_experts_chart(shares: pd.DataFrame, *, k: int, title: str, height: int = 190) -> alt.LayerChart:
     """Bars of the share of a layer's tokens each expert processes: the shared expert(s) at 100%, each
     routed expert at c_e / T; a dashed rule at k/E, a routed expert's share when the load is even.
 
@@ -384,13 +386,13 @@ def shared_experts_chart(shares: pd.DataFrame, *, k: int, title: str) -> alt.Lay
             title,
             subtitle=f"orange: shared; dashed line: k/E = {k}/{routed}, a routed expert's share when even",
         ),
-        height=190,
+        height=height,
         autosize=FIT_WIDTH,
     )
 
 
 def experts_sweep_chart(
-    sweep: pd.DataFrame, *, title: str = "Held-out loss vs number of experts"
+    sweep: pd.DataFrame, *, title: str = "Held-out loss vs number of experts", height: int = 260
 ) -> alt.LayerChart:
     """Held-out loss against the number of experts (log₂ axis), one line per k through the mean over seeds,
     a vertical bar from the lowest to the highest seed at each point (the noise the lesson's notice judges
@@ -445,6 +447,6 @@ def experts_sweep_chart(
             title,
             subtitle="lines: mean over seeds; bars: lowest to highest seed; red ring: a run collapsed there",
         ),
-        height=260,
+        height=height,
         autosize=FIT_WIDTH,
     )

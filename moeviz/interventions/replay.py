@@ -47,11 +47,12 @@ from moeviz.interventions.specs import ForceRouting, InterventionError, apply
 from moeviz.models.dispatch import unsupported_reason
 from moeviz.models.loading import LoadedModel
 from moeviz.models.sites import MoESite
+from moeviz.scoring import ScoreFn
 from moeviz.trace import UNKNOWN_TOKEN, Trace
 
 # family -> (score function, renormalise over S: True | False | "norm_topk_prob", × routed_scaling_factor)
 # (transformers 5.24 modeling_<family>.py; tests/support/reference_routing.py writes the same rules out)
-REPLAY_RULES: dict[str, tuple[str, bool | str, bool]] = {
+REPLAY_RULES: dict[str, tuple[ScoreFn, bool | str, bool]] = {
     **{
         f: ("softmax", True, False) for f in ("mixtral", "minimax", "hunyuan_v1_moe", "gpt_oss", "granitemoe")
     },
@@ -68,7 +69,7 @@ class ReplayRule:
     """How one site turns its router logits into the weights of a given expert set."""
 
     family: str
-    score_fn: str  # "softmax" | "sigmoid"
+    score_fn: ScoreFn
     renormalise: bool
     scale: float  # routed_scaling_factor (1 where the family has none)
 

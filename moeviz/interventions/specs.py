@@ -14,14 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from moeviz.errors import MoevizError
+from moeviz.errors import InterventionError
 from moeviz.models.dispatch import unsupported_reason
 from moeviz.models.sites import MoESite
-
-
-class InterventionError(MoevizError):
-    """An intervention cannot be applied: unknown layer or expert, or a family whose dispatch moeviz
-    cannot rewrite."""
 
 
 def _positions(value: Sequence[int] | int | None) -> tuple[int, ...] | None:

@@ -1,4 +1,4 @@
-"""Pages at 256 experts and 58 MoE layers (issue 30 item 8), Streamlit AppTest: the Load page counts its
+"""Pages at 256 experts and 58 MoE layers, Streamlit AppTest: the Load page counts its
 verdicts and folds the per-layer sentences, Structure counts expert paths over a window of layers, the
 Attention page colours one head's map on a log scale by default.
 

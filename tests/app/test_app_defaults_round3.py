@@ -82,7 +82,7 @@ def _submit(at, text: str) -> None:
     _ok(at)
 
 
-# ---- item 7: where the pickers start ----------------------------------------------------------------------
+# ---- where the pickers start ------------------------------------------------------------------------------
 def test_why_opens_on_the_last_token_and_its_top_choice_also_after_a_new_prompt(folder) -> None:
     at = run_page("pages/why.py", timeout_s=TIMEOUT_S, prompt=TEXT)
     layer = int(at.select_slider(key="layer_widget").value)
@@ -154,7 +154,7 @@ def test_a_default_follows_the_layer_and_a_hand_choice_stays(folder) -> None:
         assert at.selectbox(key="expert_widget").value == mine
 
 
-# ---- item 9: About --------------------------------------------------------------------------------------
+# ---- About ----------------------------------------------------------------------------------------------
 def test_about_shows_the_group_limit_and_the_routed_scaling_of_each_layer(folder) -> None:
     config = json.loads((folder / "config.json").read_text())
     at = run_page("pages/about.py", timeout_s=TIMEOUT_S)

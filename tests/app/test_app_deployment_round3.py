@@ -1,4 +1,4 @@
-"""Issue 30 (round 3) on the Deployment page (Streamlit AppTest): with the evaluation corpus on, every tab
+"""The Deployment page (Streamlit AppTest): with the evaluation corpus on, every tab
 runs on the corpus (quantisation and prefetch included); the capacity tab's free CFs, dispatch group and
 smallest-CF readout; the EP tab's named random split and inter-node bytes; the size table in GiB beside its
 GiB input; the hit-rate curve's bytes. Each is compared with `moeviz.whatif` called here on the same input."""

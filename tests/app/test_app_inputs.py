@@ -1,5 +1,5 @@
 """The prompt form (app/components/prompt.py) after a refused file: the message stays up and an Analyse
-press analyses nothing until the input changes (issue 14, item 10). Driven in-process (Streamlit AppTest,
+press analyses nothing until the input changes. Driven in-process (Streamlit AppTest,
 whose file uploader takes files as the server receives them); tests/browser/test_app_browser_inputs.py
 covers a file the browser itself uploads."""
 

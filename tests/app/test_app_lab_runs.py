@@ -20,8 +20,8 @@ PAGE = "pages/lab.py"
 TINY = LabConfig(experts=4, k=2, d_model=16, layers=1, batch=2, seq=16, steps=6, eval_every=3)
 RUN_TIMEOUT_S = 60
 # characters of a "lab: <name>" choice the sidebar's model picker shows whole, with room to spare: measured in
-# Chromium at 1280 px, its text box is 206 px wide, "lab: run 12 · hub experts" 139 px, and the old name of a
-# default run, "lab: run 1 · E=8 k=2 aux=0.01 seed=0" (36 characters), 208 px: cut
+# Chromium at 1280 px, its text box is 206 px wide, "lab: run 12 · hub experts" 139 px, and a longer
+# name, "lab: run 1 · E=8 k=2 aux=0.01 seed=0" (36 characters), 208 px: cut
 PICKER_CHARS = 26
 
 

@@ -1,6 +1,6 @@
-"""The Routing playground, round 3 (issue 30): switching the sidebar model from a sample to a 256-expert model
-leaves no stale widget state behind (item 1); the aux loss's paradoxes are explained exactly when the numbers
-on the page show them (item 11)."""
+"""The Routing playground: switching the sidebar model from a sample to a 256-expert model
+leaves no stale widget state behind; the aux loss's paradoxes are explained exactly when the numbers on the
+page show them."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_switching_to_256_experts_leaves_no_stale_widget_state(scale_folder, mon
     assert [n.value for n in at.number_input if str(n.key).startswith("pg_bias_")] == [0.0] * 8
 
 
-# ---- item 11: the aux loss's paradoxes, explained exactly when the numbers show them --------------------
+# ---- the aux loss's paradoxes, explained exactly when the numbers show them -----------------------------
 DROPS = "Why is the aux loss below its balanced value?"
 BIAS = "Why does the aux loss fall while the load gets worse?"
 

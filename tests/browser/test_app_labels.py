@@ -1,4 +1,4 @@
-"""No chart of the Corpus and Structure pages drops a category label (issue 14), in the real browser.
+"""No chart of the Corpus and Structure pages drops a category label, in the real browser.
 
 On the bundled default sample, for every chart drawn as SVG: no axis label has opacity 0 (Vega's overlap
 removal), is cut short with "…" (label limit) or touches its neighbour (too little room per category, which

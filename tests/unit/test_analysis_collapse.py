@@ -88,7 +88,7 @@ def test_entropy_rule():
 def test_too_few_tokens_are_not_judged_on_load_but_bias_still_is():
     small = layer_verdict(top1_layer([3, 0, 0, 0, 0, 0, 0, 0]))
     assert small.verdict is Verdict.HEALTHY and small.reasons == []
-    # by design (issue 13 §3): the note now starts with NOT_ENOUGH_TOKENS and the status says so
+    # too few tokens to judge is a note, not a reason: it starts with NOT_ENOUGH_TOKENS and the status says so
     assert small.notes == (f"{NOT_ENOUGH_TOKENS}: 3 tokens (needs ≥ 40 tokens)",)
     assert small.status == "not enough tokens" and small.load_test.min_tokens == 40
     biased = layer_verdict(top1_layer([3, 0, 0, 0], bias=[3.0, -3.0, 0.0, 0.0]))

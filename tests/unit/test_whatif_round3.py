@@ -1,4 +1,4 @@
-"""Issue 30 (round 3) of the deployment what-ifs, in the library: the smallest capacity factor that drops less
+"""The deployment what-ifs in the library: the smallest capacity factor that drops less
 than a share, a dispatch group of N tokens, the shuffled fit/evaluate split, the hit-rate curve's bytes and
 the EP time model's stated lack of a per-message latency. Each against a computation of its own."""
 

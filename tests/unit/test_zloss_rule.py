@@ -1,4 +1,4 @@
-"""The router z-loss rule (issue 30 item 8): judged on the log-partition's excess over log E, which uniform
+"""The router z-loss rule: judged on the log-partition's excess over log E, which uniform
 logits reach at any E, and only for softmax routers (sigmoid routers are not trained with a z-loss)."""
 
 from __future__ import annotations
