@@ -1,6 +1,6 @@
 # The two commands (see README): `make app` starts the app, `make test` runs the whole suite.
 # Both do all setup on a fresh machine: a venv with the pinned CPU torch, the package, and (for tests)
-# Debian's chromium for the browser tests.
+# Debian's chromium for the browser tests and nodejs for the chart expressions.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.moeviz-installed
@@ -15,7 +15,7 @@ VLLM_VENV  ?= .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.moeviz-vllm-installed
 
-.PHONY: setup app run test test-deps test-fast test-random lint bench chromium samples screenshots vllm
+.PHONY: setup app run test test-deps test-fast test-random lint bench chromium samples screenshots vllm docs
 
 setup: $(STAMP)
 
@@ -36,10 +36,11 @@ $(VLLM_STAMP):
 	$(VLLM_PY) -c "from vllm import LLM; import vllm; print('vLLM', vllm.__version__, 'in $(VLLM_VENV)')"
 	touch $(VLLM_STAMP)
 
+# Node evaluates the Vega expressions of the charts' tick lists (tests/unit/test_chart_ticks_legends.py).
 chromium:
-	@command -v chromium >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
-	  else echo "browser tests need Debian's chromium: sudo apt-get install chromium" >&2; exit 1; fi; }
+	@{ command -v chromium && command -v node; } >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium nodejs; \
+	  else echo "browser tests need Debian's chromium and nodejs: sudo apt-get install chromium nodejs" >&2; exit 1; fi; }
 
 app: setup
 	$(VENV)/bin/moeviz app
@@ -65,6 +66,7 @@ test: test-deps
 	$(VENV)/bin/ruff format --check moeviz app tests scripts benchmarks
 	$(VENV)/bin/lint-imports
 	PYTHONPATH=app $(VENV)/bin/lint-imports app/import-contracts.toml
+	$(VENV)/bin/mypy moeviz
 	$(PY) -m pytest -q $(XDIST) --durations=30 $(PYTEST_ARGS)
 
 # The three environments of `make test`, built side by side (mostly downloads: about 3 min instead of 6 from a
@@ -92,6 +94,13 @@ screenshots: setup chromium
 lint: setup
 	$(VENV)/bin/ruff check --fix moeviz app tests scripts benchmarks
 	$(VENV)/bin/ruff format moeviz app tests scripts benchmarks
+
+# The documentation site (mkdocs-material, docs/ → site/), the notebooks executed so their charts are on the
+# pages (~1.5 min). --strict: a broken link, a missing page or a docstring that does not render fails. The
+# suite runs the same build without executing the notebooks (tests/system/test_docs_site.py) and runs the
+# notebooks on their own (tests/system/test_notebooks.py).
+docs: setup
+	MOEVIZ_DOCS_EXECUTE=true TQDM_DISABLE=1 $(VENV)/bin/mkdocs build --strict -d site/
 
 bench: setup
 	$(PY) benchmarks/bench_capture_overhead.py

@@ -17,10 +17,14 @@ BUNDLED = {  # in the wheel -> in the repo
 # the verdict rule (Load & collapse), the what-if definitions (Deployment), the experts sweep (Learn)
 DOCS_THE_APP_READS = ["verdicts.md", "deployment-whatifs.md", "experts-sweep.csv"]
 EVERYTHING = ["**/*"]
+PACKAGE_DATA = {"moeviz": ["py.typed"]}  # PEP 561: type checkers read moeviz's annotations
 
 setup(
     packages=[*find_packages(include=["moeviz", "moeviz.*"]), *BUNDLED],
     package_dir=BUNDLED,
-    package_data={name: DOCS_THE_APP_READS if name == "moeviz._docs" else EVERYTHING for name in BUNDLED},
+    package_data={
+        **PACKAGE_DATA,
+        **{name: DOCS_THE_APP_READS if name == "moeviz._docs" else EVERYTHING for name in BUNDLED},
+    },
     exclude_package_data={name: ["**/__pycache__/*", "**/*.pyc", "__pycache__/*"] for name in BUNDLED},
 )

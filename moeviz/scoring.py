@@ -9,12 +9,23 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import Literal, get_args
 
 import numpy as np
 
+# How a router turns logits into scores (`LayerRouting.score_fn`).
+ScoreFn = Literal["softmax", "sigmoid", "sqrtsoftplus"]
+SCORE_FUNCTIONS: tuple[ScoreFn, ...] = get_args(ScoreFn)
 # Elementwise score functions: a token's score for one expert depends on that expert's logit alone.
-ELEMENTWISE_SCORES = ("sigmoid", "sqrtsoftplus")
-SCORE_FUNCTIONS = ("softmax", *ELEMENTWISE_SCORES)
+ELEMENTWISE_SCORES: tuple[ScoreFn, ...] = ("sigmoid", "sqrtsoftplus")
+# What a balancing bias is added to for selection (`LayerRouting.bias_on`): the scores (DeepSeek-V3 and most)
+# or the raw logits (Kolibri-1).
+BiasOn = Literal["scores", "logits"]
+BIAS_ON: tuple[BiasOn, ...] = get_args(BiasOn)
+# How group-limited routing ranks a group of experts (`LayerRouting.group_score`): the sum of its two best
+# selection scores (DeepSeek-V3, GLM-4.5, Kimi) or its best one (DeepSeek-V2).
+GroupScore = Literal["top2_sum", "max"]
+GROUP_SCORES: tuple[GroupScore, ...] = get_args(GroupScore)
 
 
 def scores_from_logits(logits: np.ndarray, score_fn: str) -> np.ndarray:

@@ -1,7 +1,8 @@
-"""Write the family table of `moeviz.models.families` into README.md, between its family-table markers.
+"""Write the family table of `moeviz.models.families` into docs/families.md (the site's "Supported families"
+page), between its family-table markers; the prose around the markers is hand-written.
 
-python scripts/family_table.py          # rewrite README.md
-python scripts/family_table.py --check  # exit 1 when README.md is stale
+python scripts/family_table.py          # rewrite docs/families.md
+python scripts/family_table.py --check  # exit 1 when docs/families.md is stale
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from moeviz.models.families import markdown_table
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "families.md"
 START, END = "<!-- family-table:start -->", "<!-- family-table:end -->"
 
 
@@ -23,14 +24,14 @@ def render(text: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = README.read_text(encoding="utf-8")
+    text = PAGE.read_text(encoding="utf-8")
     fresh = render(text)
     if "--check" in argv:
         if fresh != text:
-            print("README.md's family table is stale: run python scripts/family_table.py", file=sys.stderr)
+            print(f"{PAGE.name}'s family table is stale: run python scripts/family_table.py", file=sys.stderr)
             return 1
         return 0
-    README.write_text(fresh, encoding="utf-8")
+    PAGE.write_text(fresh, encoding="utf-8")
     return 0
 
 

@@ -3,8 +3,9 @@
 One module per verb, each with `add_parser(commands)` and the run function it binds as `args.run`:
 `capture` (moeviz.cli.capture), `report` (moeviz.cli.report), `checkpoints` (moeviz.cli.checkpoints; also
 `report --checkpoints`), `trace` (moeviz.cli.trace), `whatif` (moeviz.cli.whatif), `import`
-(moeviz.cli.engine_import), `diff` (moeviz.cli.diff) and `app` (moeviz.cli.app). Shared flags:
-moeviz.cli.flags; what is printed: moeviz.cli.output; exit codes and one-line failures: moeviz.cli.exits.
+(moeviz.cli.engine_import), `diff` (moeviz.cli.diff), `finetune-diff` (moeviz.cli.finetune_diff) and `app`
+(moeviz.cli.app). Shared flags: moeviz.cli.flags; what is printed: moeviz.cli.output; exit codes and one-line
+failures: moeviz.cli.exits.
 
 Nothing heavy loads with the parser: torch, transformers and pandas are imported inside the run functions,
 so `moeviz --version` and `--help` answer at once, and Ctrl-C while they load exits with one line.
@@ -16,8 +17,9 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from moeviz.cli import app, capture, checkpoints, diff, engine_import, report, trace, whatif
+from moeviz.cli import app, capture, checkpoints, diff, engine_import, finetune_diff, report, trace, whatif
 from moeviz.cli.app import APP_FLAGS, run_app
 from moeviz.cli.capture import format_summary
 from moeviz.cli.exits import (
@@ -45,7 +47,7 @@ __all__ = [
     "run_app",
 ]
 # in the order `moeviz --help` lists them
-VERBS = (capture, report, checkpoints, trace, whatif, engine_import, diff, app)
+VERBS = (capture, report, checkpoints, trace, whatif, engine_import, diff, finetune_diff, app)
 
 
 def package_version() -> str:
@@ -55,9 +57,22 @@ def package_version() -> str:
     return moeviz.__version__
 
 
+class _VersionAction(argparse.Action):
+    """`--version`, looking the version up only when asked: importlib.metadata (and the email package it
+    imports) would otherwise be a good part of every command's start-up."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        kwargs.setdefault("help", "show the version of moeviz and exit")
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(f"moeviz {package_version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="moeviz", description="A microscope for Mixture-of-Experts models.")
-    parser.add_argument("--version", action="version", version=f"moeviz {package_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for verb in VERBS:
         verb.add_parser(commands)

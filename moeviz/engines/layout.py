@@ -15,13 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moeviz.errors import NotMoEModelError
+from moeviz.errors import LayoutError, NotMoEModelError
+from moeviz.scoring import GroupScore, ScoreFn
 from moeviz.trace import ModelInfo
-
-
-class LayoutError(NotMoEModelError):
-    """The model's MoE layers differ in a way the importers do not handle (e.g. layers with different
-    expert counts), or the model is an encoder-decoder (no engine serves one)."""
 
 
 @dataclass(frozen=True)
@@ -42,11 +38,11 @@ class RoutingLayout:
     moe_layers: tuple[int, ...]
     num_experts: int
     top_k: int
-    score_fn: str
+    score_fn: ScoreFn
     vocab_size: int
     n_group: int | None = None
     topk_group: int | None = None
-    group_score: str | None = None
+    group_score: GroupScore | None = None
     shared_experts: int = 0
     has_bias: bool = False
     _tokenizer: list[Any] = field(default_factory=list, repr=False, compare=False)

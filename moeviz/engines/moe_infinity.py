@@ -118,7 +118,7 @@ def _counts(array: np.ndarray, path: Path, layout: RoutingLayout) -> np.ndarray:
     if layers == layout.num_hidden_layers:
         moe = list(layout.moe_layers)
         dense = [i for i in range(layers) if i not in layout.moe_layers]
-        routed = np.flatnonzero(matrices[:, dense].reshape(n, -1).any(axis=1)) if dense else []
+        routed = np.flatnonzero(matrices[:, dense].reshape(n, -1).any(axis=1)) if dense else np.zeros(0, int)
         if len(routed):
             row = matrices[routed[0], dense]
             layer = dense[int(np.flatnonzero(row.any(axis=1))[0])]

@@ -187,7 +187,9 @@ def _check_dense_counts(where: str, counts: np.ndarray, layout: RoutingLayout, s
 
 def _stat(dumps: list[tuple[Path, dict]], layout: RoutingLayout) -> ExpertLoad:
     e, moe = layout.num_experts, list(layout.moe_layers)
-    parts, steps, notes = [], [], []
+    parts: list = []
+    steps: list = []
+    notes: list = []
     for path, data in dumps:
         counts = _array(data["logical_count"], str(path), "logical_count", ndim=3)
         s, n_layers, n_experts = counts.shape

@@ -45,7 +45,7 @@ import numpy as np
 
 from moeviz.engines.layout import RoutingLayout, routing_layout
 from moeviz.engines.routed import RoutedSequence, routed_trace
-from moeviz.errors import EngineFormatError, InputError, MoevizError
+from moeviz.errors import EngineFormatError, InputError, VllmError
 from moeviz.settings import current_settings
 from moeviz.trace import Trace
 
@@ -62,11 +62,6 @@ REQUEST_TIMEOUT_S = 1800.0
 STDERR_TAIL = 40  # lines of the worker's stderr kept for error messages
 
 Progress = Callable[[str], None]
-
-
-class VllmError(MoevizError):
-    """vLLM could not give the routing: its environment is missing or broken, the worker died or hung, vLLM
-    cannot run the model, or its router has no capture seam."""
 
 
 @dataclass(frozen=True)

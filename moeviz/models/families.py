@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moeviz.scoring import BiasOn, ScoreFn
+
 SUPPORT_LEVELS = ("exact", "router output", "hash table", "refused")
 
 
@@ -28,19 +30,19 @@ class Family:
     """How moeviz reads one model type's routing. `score_fn` None: read from the config
     (`scoring_func`, `score_func` or `expert_selection_fn`), softmax when it names none."""
 
-    score_fn: str | None
+    score_fn: ScoreFn | None
     decoder: str = "expert_args"
     support: str = "exact"
     note: str = ""
     # "scores": the balancing bias is added to the scores for selection (DeepSeek-V3 and most);
     # "logits": to the raw logits (Kolibri-1)
-    bias_on: str = "scores"
+    bias_on: BiasOn = "scores"
     # the router's first output holds probabilities, not logits (Gemma 4): logits are recorded as log p
     # (softmax(log p) = p, so the scores are exact)
     outputs_probabilities: bool = False
 
 
-def _rows(score_fn: str | None, *types: str, **fields) -> dict[str, Family]:
+def _rows(score_fn: ScoreFn | None, *types: str, **fields) -> dict[str, Family]:
     return {t: Family(score_fn, **fields) for t in types}
 
 

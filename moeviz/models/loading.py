@@ -8,8 +8,8 @@ progress reported by `moeviz.models.progress`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import json
 import struct
 import threading
 from collections.abc import Callable
@@ -33,6 +33,7 @@ from moeviz.errors import (
     UnknownSampleError,
     UnsupportedModelError,
 )
+from moeviz.models.adapters import CheckedAdapter, check_adapter, merge_adapter
 from moeviz.models.checks import (
     check_config_against_weights,
     check_regular_files,
@@ -41,6 +42,7 @@ from moeviz.models.checks import (
     read_config,
 )
 from moeviz.models.composite import auto_class_for, language_model, runnable_config, text_config
+from moeviz.models.config_check import read_config_json
 from moeviz.models.config_keys import LAYER_COUNT_KEYS, config_int
 from moeviz.models.families import refusal
 from moeviz.models.memory import ActivationShape, MemoryEstimate, estimate_memory, refuse_if_too_large
@@ -54,6 +56,7 @@ from moeviz.models.placement import (
 )
 from moeviz.models.progress import reporting_progress
 from moeviz.models.quantization import RUNS_QUANTISED, check_quantization
+from moeviz.models.safetensors_check import check_stored_dtypes
 from moeviz.models.safetensors_headers import stored_bytes
 from moeviz.models.sites import MoESite, find_moe_sites, pass_layers
 from moeviz.resources import bundled_path
@@ -65,6 +68,10 @@ SAMPLE_PREFIX = "sample:"
 # two loads at different dtypes on two threads (app sessions) would leave the wrong default behind.
 MODEL_BUILD_LOCK = threading.Lock()
 DEFAULT_SAMPLE = "sample:mixtral-healthy"  # the app's and the docs' default model
+# How a model's fused experts module computes (transformers 5's `experts_implementation`): "auto" leaves the
+# choice to transformers (its `grouped_mm` kernel where the family's experts support it, else the per-expert
+# loop), "eager" is the per-expert loop, "grouped_mm" / "batched_mm" its grouped and batched kernels.
+EXPERTS_IMPLEMENTATIONS = ("auto", "eager", "grouped_mm", "batched_mm")
 _TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -134,6 +141,17 @@ class LoadedModel:
         """The sizes the activation memory of a forward depends on (`memory.ActivationShape`)."""
         return ActivationShape.of(self.model.config)
 
+    @property
+    def experts_implementation(self) -> str:
+        """How the MoE layers' experts compute now: "eager" (transformers' per-expert loop, also for experts
+        that have no other), "grouped_mm" or "batched_mm"; the names joined by ", " when the layers differ."""
+        names = {
+            str(site.experts.config._experts_implementation) if switchable_experts(site.experts) else "eager"
+            for site in self.sites
+            if site.experts is not None
+        }
+        return ", ".join(sorted(names)) or "eager"
+
     def token_texts(self, ids: list[int]) -> list[str]:
         """Each id decoded on its own (what a token strip shows); cached, as captures repeat tokens."""
         return decode_each(self.tokenizer, self._token_text_cache, ids)
@@ -180,7 +198,10 @@ def resolve_source(source: str | Path) -> Path:
         raise NotAModelFolderError(
             f"{folder} is a file; give the folder that holds config.json and the weights"
         )
-    if not (folder / "config.json").is_file():
+    config = folder / "config.json"
+    if config.exists() and not config.is_file():  # follows links: a link to a FIFO is not a regular file
+        raise NotAModelFolderError(f"{config} is not a regular file (a FIFO, device or folder): not read")
+    if not config.is_file():
         raise NotAModelFolderError(f"{folder} is not a Hugging Face model folder: it has no config.json")
     return folder
 
@@ -216,6 +237,8 @@ def load_model(
     trust_remote_code: bool = False,
     check_memory: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    experts_implementation: str = "auto",
+    adapter: str | Path | None = None,
 ) -> LoadedModel:
     """Load an MoE model for capture.
 
@@ -239,10 +262,47 @@ def load_model(
     Quantised checkpoints load where transformers can run or dequantise them (FP8 and MXFP4 are dequantised
     on a CPU), else `UnsupportedQuantizationError`. `progress(bytes_read, total_bytes)` is called as the
     weights are read.
+
+    `experts_implementation` chooses how a fused experts module computes (one of `EXPERTS_IMPLEMENTATIONS`):
+    `"auto"` leaves it to transformers, which runs its `grouped_mm` kernel where the family's experts support
+    it (DeepSeek-V3, Qwen3-MoE, Mixtral and most v5 families) and the per-expert loop elsewhere; `"eager"`
+    forces the per-expert loop; `"grouped_mm"` and `"batched_mm"` are refused for a family whose experts have
+    only the loop. The routing is captured from the experts module's arguments under each. In fp32,
+    `grouped_mm` routes as the loop does (the same experts for every token, weights within float rounding:
+    tests/models/test_experts_implementation.py) and runs the 256-expert DeepSeek-V3 shape ~1.8x faster on
+    a CPU (benchmarks/bench_capture_scale.py). In bf16/fp16 the two add the k expert outputs differently
+    (the loop rounds after each, grouped_mm once), so near-tied routing later in the model can differ: pass
+    `"eager"` to capture what the per-expert loop routes. `loaded.experts_implementation` says what runs.
+
+    `adapter`: a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors) merged into the
+    base's weights after they load (`moeviz.models.adapters`), so captures see ordinary modules; its
+    config, file and every tensor's shape are checked against the base first, and `info.adapter` records it.
+    Not with `device_map` (offloaded weights are not merged in memory) or a model that runs quantised.
     """
-    checked = _check(source, trust_remote_code, device_map, offload_folder, max_memory)
+    options = (device_map, offload_folder, max_memory, experts_implementation)
+    checked = _check(source, trust_remote_code, *options)
+    lora = None if adapter is None else _check_adapter(adapter, checked, device_map)
     plan = _plan(checked, dtype, device, device_map, offload_folder, max_memory, check_memory)
-    return _materialise(checked, plan, progress)
+    if lora is not None and plan.quantization_note and plan.quantization_note.startswith(RUNS_QUANTISED):
+        raise LoadOptionError(f"an adapter merges into the weights; {checked.source} runs quantised")
+    loaded = _materialise(checked, plan, progress)
+    return loaded if lora is None else _with_adapter(loaded, lora)
+
+
+def _check_adapter(adapter: str | Path, checked: _CheckedSource, device_map: Any) -> CheckedAdapter:
+    """The adapter's refusals that need no weights (`adapters.check_adapter`), before the base loads."""
+    if device_map is not None:
+        raise LoadOptionError("an adapter merges into weights in memory: load it without a device_map")
+    return check_adapter(adapter, checked.source, str(checked.config.model_type))
+
+
+def _with_adapter(loaded: LoadedModel, adapter: CheckedAdapter) -> LoadedModel:
+    """`loaded` with the adapter merged into its weights, its MoE layers found again and the adapter in its
+    info (`ModelInfo.adapter`, and its notes)."""
+    model, info = merge_adapter(loaded.model, adapter)
+    notes = [*loaded.info.notes, *adapter.notes]
+    model_info = dataclasses.replace(loaded.info, adapter=info.to_json(), notes=notes)
+    return dataclasses.replace(loaded, model=model, sites=find_moe_sites(model), info=model_info)
 
 
 @dataclass
@@ -255,6 +315,8 @@ class _CheckedSource:
     use_safetensors: bool
     trust_remote_code: bool
     note: str | None = None  # what was loaded when it is not the whole checkpoint (`runnable_config`)
+    experts_implementation: str = "auto"  # one of EXPERTS_IMPLEMENTATIONS
+    headers: dict[str, dict[str, Any]] = field(default_factory=dict)  # {tensor: safetensors header entry}
 
 
 @dataclass
@@ -275,10 +337,16 @@ def _check(
     device_map: str | int | dict[str, Any] | None,
     offload_folder: str | Path | None,
     max_memory: dict[int | str, int | str] | None,
+    experts_implementation: str = "auto",
 ) -> _CheckedSource:
     """The refusals before anything is built: the options, the folder, its config and its weight files."""
     if device_map is None and (offload_folder is not None or max_memory is not None):
         raise LoadOptionError("offload_folder and max_memory need a device_map (e.g. device_map='auto')")
+    if experts_implementation not in EXPERTS_IMPLEMENTATIONS:
+        raise LoadOptionError(
+            f"unknown experts_implementation {experts_implementation!r}: use "
+            + ", ".join(repr(name) for name in EXPERTS_IMPLEMENTATIONS)
+        )
     folder = resolve_source(source)
     check_regular_files(folder)  # before anything is opened: a FIFO would block the open forever
     config, note = runnable_config(read_config(folder, trust_remote_code))
@@ -289,7 +357,9 @@ def _check(
         )
     use_safetensors, headers = check_weight_files(folder)  # headers only: cheap, and bounds the config
     check_config_against_weights(folder, config, headers)
-    return _CheckedSource(str(source), folder, config, use_safetensors, trust_remote_code, note)
+    return _CheckedSource(
+        str(source), folder, config, use_safetensors, trust_remote_code, note, experts_implementation, headers
+    )
 
 
 def _plan(
@@ -314,11 +384,14 @@ def _plan(
         raise NotAModelFolderError(
             f"transformers cannot build a model from {folder}/config.json: {exception_line(exc)}"
         ) from exc
-    if not find_moe_sites(skeleton):
+    sites = find_moe_sites(skeleton)
+    if not sites:
         raise NotMoEModelError(
             f"{folder} holds a dense model ({type(skeleton).__name__}, model_type {config.model_type!r}): "
             "no MoE layer (router + experts) was found"
         )
+    _check_experts_implementation(checked, sites, type(skeleton).__name__)
+    check_stored_dtypes(folder, skeleton, config, checked.headers)  # what the header checks cannot see
     quantization_note = check_quantization(config, folder, target, device_map, load_dtype)
     quantised = quantization_note is not None and quantization_note.startswith(RUNS_QUANTISED)
     stored = stored_bytes(folder) if quantised else None
@@ -328,6 +401,27 @@ def _plan(
         refuse_if_too_large(estimate, checked.source)
     placement = placement_keywords(target, device_map, offload_folder, max_memory)
     return _LoadPlan(auto_class, load_dtype, placement, device_map, estimate, quantization_note)
+
+
+def _check_experts_implementation(checked: _CheckedSource, sites: list[MoESite], architecture: str) -> None:
+    """LoadOptionError when a kernel is asked for (`grouped_mm`, `batched_mm`) and some MoE layer's experts
+    have only transformers' per-expert loop: the request would be ignored there without a word."""
+    if checked.experts_implementation in ("auto", "eager"):
+        return
+    if not sites or not all(switchable_experts(site.experts) for site in sites):
+        raise LoadOptionError(
+            f"experts_implementation={checked.experts_implementation!r} does not apply to "
+            f"{architecture} (model_type {checked.config.model_type!r}): its experts have only transformers' "
+            "per-expert loop; use 'auto' or 'eager'"
+        )
+
+
+def switchable_experts(experts: nn.Module | None) -> bool:
+    """Whether transformers' `@use_experts_implementation` wraps this experts module, so that its forward
+    runs the kernel `config._experts_implementation` names; the decorator marks each instance with these
+    attributes (transformers has no public flag for it)."""
+    marks = ("has_gate", "is_concatenated", "_is_expert_parallel")
+    return experts is not None and all(hasattr(experts, mark) for mark in marks)
 
 
 def _materialise(
@@ -346,6 +440,7 @@ def _materialise(
                 use_safetensors=checked.use_safetensors,
                 output_loading_info=True,
                 **plan.placement,
+                **_experts_keywords(checked.experts_implementation),
             )
     except (OSError, ValueError, RuntimeError, KeyError, TypeError, struct.error, SafetensorError) as exc:
         if plan.device_map is not None:  # the weights were checked above: more likely the map does not fit
@@ -365,7 +460,7 @@ def _materialise(
     sites = find_moe_sites(model)
     text_path, text_model = language_model(model)
     notes = [n for n in (checked.note, plan.quantization_note) if n]
-    declared = json.loads((folder / "config.json").read_text()).get("model_type")
+    declared = read_config_json(folder).get("model_type")
     if declared != config.model_type and checked.note is None:
         notes.append(
             f"config declares model_type {declared!r}; read as the built-in {config.model_type!r} "
@@ -392,6 +487,11 @@ def _materialise(
         device=input_device(model),
         memory=plan.estimate,
     )
+
+
+def _experts_keywords(experts_implementation: str) -> dict[str, str]:
+    """`from_pretrained` keywords for the experts implementation: none for "auto" (transformers' choice)."""
+    return {} if experts_implementation == "auto" else {"experts_implementation": experts_implementation}
 
 
 def _load_tokenizer(folder: Path, trust_remote_code: bool):

@@ -26,7 +26,8 @@ from moeviz.models.config_keys import (
 )
 from moeviz.models.decoding import NEEDS_EXPERT_ARGS, product_key_logits
 from moeviz.models.families import FAMILIES, Family, family
-from moeviz.scoring import SCORE_FUNCTIONS
+from moeviz.scoring import SCORE_FUNCTIONS, BiasOn, GroupScore, ScoreFn
+from moeviz.trace.records import Site
 
 SUPPORTED_FAMILIES = tuple(sorted(t for t, row in FAMILIES.items() if row.support != "refused"))
 
@@ -49,13 +50,13 @@ class MoESite:
 
     name: str
     layer: int
-    site: str
+    site: Site
     stream: str  # which token stream the router sees: "input" or, in encoder-decoders, "decoder"
     router: nn.Module
     experts: nn.Module | None
     logits_index: int | None  # position of the raw logits in the router's output tuple; None = output itself
     decoder: str  # key into decoding.DECODERS, or "auto" for structural discovery
-    score_fn: str  # one of `moeviz.scoring.SCORE_FUNCTIONS`
+    score_fn: ScoreFn
     num_experts: int
     top_k: int | None
     bias: torch.Tensor | None = field(default=None, repr=False)  # live reference: read at capture time
@@ -63,12 +64,12 @@ class MoESite:
     shared_experts: int = 0
     n_group: int | None = None  # group-limited routing (see `LayerRouting`); None = no group limit
     topk_group: int | None = None
-    group_score: str | None = None  # "top2_sum" (DeepSeek-V3, GLM-4.5, Kimi) | "max" (DeepSeek-V2)
+    group_score: GroupScore | None = None
     zero_experts: int = (
         0  # the last ids of the E router outputs compute nothing (`LayerRouting.zero_experts`)
     )
     hash_routed: bool = False  # experts chosen by a token-id table, not by the scores (`LayerRouting`)
-    bias_on: str = "scores"  # what the balancing bias is added to for selection (`LayerRouting.bias_on`)
+    bias_on: BiasOn = "scores"
     outputs_probabilities: bool = False  # the router outputs probabilities: logits are recorded as log p
     # a looped block's router runs once per pass: the layer occurrence of each pass (`LayerRouting.loop_pass`)
     pass_layers: tuple[int, ...] = ()
@@ -216,6 +217,7 @@ def _make_site(model, modules, name, router, experts, logits_index, row: Family 
         score_fn = scoring if scoring in SCORE_FUNCTIONS else "softmax"
     is_enc_dec = bool(getattr(config, "is_encoder_decoder", False))
     in_encoder = bool(re.search(r"(^|\.)encoder\.", name))
+    site: Site
     if is_enc_dec:
         site, stream = ("encoder", "input") if in_encoder else ("decoder", "decoder")
     else:

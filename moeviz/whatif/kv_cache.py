@@ -26,7 +26,8 @@ def kv_cache_whatif(attention: AttentionCapture, window: int, global_tokens: int
         raise ValueError("window must be >= 1 and global_tokens >= 0")
     per_layer = attention.kv_cache_bytes_per_token().set_index("layer")["bytes_per_token"]
     longest = int(attention.lengths.max()) if len(attention.lengths) else 0
-    rows, geometry = [], {}  # one geometry for all layers: layers with the same intervals share block masks
+    rows = []
+    geometry: dict = {}  # one geometry for all layers: layers with the same intervals share block masks
     for layer in attention.map_layers:
         full_tokens = attention.kv_cache_tokens(layer, longest)
         kept_tokens = min(full_tokens, window + global_tokens)  # the what-if only takes away

@@ -77,8 +77,8 @@ def test_selection_margin_is_over_the_eligible_experts_of_the_chosen_groups(grou
 
 
 def test_grouped_margin_is_no_longer_zero(grouped):
-    """Over all experts a strong expert of an unchosen group outranks the weakest chosen one, so the old
-    selection margin was 0 for many tokens; over the eligible experts it is a real, positive value."""
+    """Over all experts a strong expert of an unchosen group outranks the weakest chosen one, so a margin
+    taken over all of them is 0 for many tokens; over the eligible experts it is a real, positive value."""
     _, trace, _ = grouped
     old_zero = new_zero = total = 0
     for routing in trace.layers:

@@ -1,5 +1,5 @@
 """A tiny mixtral whose router scores are not finite (one router weight of its last MoE layer set to NaN),
-with the sample's tokenizer: what the library, the CLI and the app must warn about (issue 15, item 10)."""
+with the sample's tokenizer: what the library, the CLI and the app must warn about."""
 
 from __future__ import annotations
 

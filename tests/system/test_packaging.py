@@ -88,6 +88,7 @@ def test_wheel_ships_the_app_the_samples_and_the_docs_the_app_reads(tmp_path):
     docs = {n for n in names if n.startswith("moeviz/_docs/")}
     assert docs == {f"moeviz/_docs/{path.relative_to(REPO / 'docs').as_posix()}" for path in app_docs_files()}
     assert {"moeviz/__init__.py", "moeviz/cli/__init__.py", "moeviz/testing/tiny_models.py"} <= names
+    assert "moeviz/py.typed" in names  # PEP 561: type checkers read the installed package's annotations
     assert not [n for n in names if n.startswith(("tests/", "app/", "sample_models/")) or "__pycache__" in n]
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "moeviz = moeviz.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

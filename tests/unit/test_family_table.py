@@ -1,4 +1,5 @@
-"""The README's family table is the one `moeviz.models.families` generates, and the table is coherent."""
+"""The site's family table (docs/families.md) is the one `moeviz.models.families` generates, and the
+table is coherent."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from moeviz.scoring import SCORE_FUNCTIONS
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_readme_holds_the_generated_family_table():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert markdown_table() in readme
+def test_the_families_page_holds_the_generated_family_table():
+    page = (ROOT / "docs" / "families.md").read_text(encoding="utf-8")
+    assert markdown_table() in page
     check = [sys.executable, str(ROOT / "scripts" / "family_table.py"), "--check"]
     assert subprocess.run(check, cwd=ROOT, capture_output=True).returncode == 0
 
@@ -26,9 +27,9 @@ def test_a_stale_table_is_caught(tmp_path, monkeypatch):
         import family_table
     finally:
         sys.path.pop(0)
-    stale = tmp_path / "README.md"
+    stale = tmp_path / "families.md"
     stale.write_text(f"x\n{family_table.START}\n| old |\n{family_table.END}\ny\n", encoding="utf-8")
-    monkeypatch.setattr(family_table, "README", stale)
+    monkeypatch.setattr(family_table, "PAGE", stale)
     assert family_table.main(["--check"]) == 1
     assert family_table.main([]) == 0 and markdown_table() in stale.read_text(encoding="utf-8")
     assert family_table.main(["--check"]) == 0

@@ -1,6 +1,6 @@
 """A capture whose page run was superseded (the model switched mid-capture: Streamlit stops the old run by
 raising StopException from its next `st` call, here the progress bar's update) stops early, is not
-cached, and does not strand or fail another session waiting for the same capture (issue 14, item 11)."""
+cached, and does not strand or fail another session waiting for the same capture."""
 
 from __future__ import annotations
 
