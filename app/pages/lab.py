@@ -91,6 +91,9 @@ VIEWS = ("This run", "All runs")
 VIEW, SMOOTHING, HIDDEN_RUNS = "lab_view", "lab_smoothing", "lab_hidden_runs"
 SLIDER_WIDTH = 180  # px of the smoothing slider: with the view's buttons and the layer, one row at 1280 px
 SCRUBBER_WIDTH = 360  # px of the snapshot's step scrubber in the projector layout
+# px of the curves outside the projector layout: two (three) fit beside each other at 1280 px with the
+# sidebar open, and wrap one under another at 900 px instead of cutting their titles
+MAIN_CHART_WIDTH, SMALL_CHART_WIDTH = 280, 185
 SCRUB = "lab_scrub"  # (run name, step) of the load snapshot; absent or another run's: the run's end
 
 
@@ -346,9 +349,11 @@ def this_run(
         # containers made in reading order: the snapshot is drawn first, yet sits last
         *small_columns, snapshot = (left.container(), right.container(), left.container(), right.container())
         scrubber = snapshot_row.container(width=SCRUBBER_WIDTH)
-    else:
-        small_columns = small.columns(len(SMALL_METRICS), gap="medium")
-        scrubber, snapshot = snapshot_row.columns([1, 2], gap="medium", vertical_alignment="center")
+    else:  # fixed widths in a row that wraps: side by side on a wide screen, stacked at 900 px (uncut titles)
+        row = small.container(horizontal=True, gap="medium")
+        small_columns = [row.container(width=SMALL_CHART_WIDTH) for _ in SMALL_METRICS]
+        row = snapshot_row.container(horizontal=True, gap="medium", vertical_alignment="center")
+        scrubber, snapshot = row.container(width=SMALL_CHART_WIDTH), row.container(width=MAIN_CHART_WIDTH)
     with scrubber:  # drawn below the curves, read first: the load chart marks the snapshot's step
         step = _scrubber(name, config.steps, done)
     if step:
@@ -358,7 +363,11 @@ def this_run(
                 "lab_load_snapshot",
                 "lab_snapshot",
             )
-    left, right = main.columns(2, gap="medium")
+    if presentation.projector():
+        left, right = main.columns(2, gap="medium")
+    else:
+        row = main.container(horizontal=True, gap="medium")
+        left, right = row.container(width=MAIN_CHART_WIDTH), row.container(width=MAIN_CHART_WIDTH)
     with left:
         _chart(lab_loss_chart(shown, steps=config.steps, collapse_step=collapse_step), "lab_loss", "lab_main")
     with right:
@@ -515,17 +524,17 @@ def finished(state: str | None) -> None:
         return
     config = runner.config
     opened = runs.opened_name()
-    left, right = st.columns(2, gap="small")
-    left.button(
+    row = st.container(horizontal=True, gap="small")  # wraps at 900 px rather than cutting the labels
+    row.button(
         "Open it on the other pages",
         key="lab_open",
         icon=":material/open_in_new:",
         on_click=runs.open_in_picker,
         disabled=config.dense,
         help="A dense model (1 expert) has no routing to show." if config.dense else None,
-        width="stretch",
+        width="content",
     )
-    right.download_button(
+    row.download_button(
         "Download (.zip)",
         functools.partial(runs.zip_bytes, runner),
         "moeviz-lab-model.zip",

@@ -214,7 +214,7 @@ def lab_load_chart(
 # The per-step indicators of `LabRun.history()` the Lab draws as small curves: column -> (title, subtitle).
 # An auxiliary loss's subtitle is its balanced value, read from the one table of forms (AUX_LOSS_FORMS).
 LAB_METRICS = {
-    "load_entropy": ("Load entropy", "normalised, 1 = even · dashed = even"),
+    "load_entropy": ("Load entropy", "normalised · dashed: even"),
     "dead_experts_window_sum": ("Dead experts", "recent steps, all layers"),
     "z_loss": ("Router z-loss", "mean logsumexp²"),
     "aux_loss_megatron": ("Balancing loss, Megatron form", None),
@@ -322,7 +322,7 @@ def lab_load_snapshot_chart(load: pd.DataFrame, layer: int, step: int, num_exper
             .encode(y=alt.datum(even), tooltip=alt.value(f"even share: 1/{num_experts}"))
         )
     return alt.layer(*marks, data=data).properties(
-        title=alt.Title(f"Load at step {step}, layer {layer}", subtitle="a bar per expert · dashed: even"),
+        title=alt.Title(f"Load at step {step}, layer {layer}", subtitle="bars: experts · dashed: even"),
         height=130,
         autosize=FIT_WIDTH,
     )

@@ -53,3 +53,27 @@ def test_browser_start_grows_the_curves_and_pause_stops_them(app_url, browser: B
         page.locator(".st-key-lab_start button:not([disabled])").first.wait_for(timeout=TIMEOUT_S * 1000)
     finally:
         page.close()
+
+
+_CUT_TITLES = """() => [...document.querySelectorAll('[class*="st-key-lab_"] g.role-title text')]
+  .map(t => t.textContent).filter(t => t.includes('…'))"""
+
+
+def test_the_curves_titles_are_whole_on_a_900_px_screen(app_url, browser: Browser) -> None:
+    """Two (three) curves side by side in the page's right column cut their titles to "Expert loa…" at 900 px:
+    they wrap one under another there instead."""
+    page = open_app(browser, app_url(MODEL), viewport={"width": 900, "height": 900})
+    try:
+        open_lab(page)
+        page.locator(".st-key-lab_start button").first.click(timeout=TIMEOUT_S * 1000)
+        page.wait_for_function(f"() => ({_LOSS_POINTS})() > 1", timeout=TIMEOUT_S * 1000)
+        page.locator(".st-key-lab_load g.role-title text").first.wait_for(timeout=TIMEOUT_S * 1000)
+        titles = page.evaluate(
+            "() => [...document.querySelectorAll('[class*=\"st-key-lab_\"] g.role-title text')]"
+            ".map(t => t.textContent)"
+        )
+        assert any(t.startswith("Expert load, layer") for t in titles), titles
+        assert page.evaluate(_CUT_TITLES) == []
+        page.locator(".st-key-lab_reset button").first.click()
+    finally:
+        page.close()
