@@ -34,7 +34,6 @@ from __future__ import annotations
 import copy
 import math
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -52,7 +51,7 @@ from moeviz.lab.budget import LabMemory, finetune_memory
 from moeviz.lab.config import MAX_STEPS, MAX_TRAINED_TOKENS
 from moeviz.lab.data import HELDOUT_FRACTION, lab_corpus, lab_tokenizer
 from moeviz.lab.runner import LabRunner
-from moeviz.lab.train import lab_threads, lr_at
+from moeviz.lab.train import lab_threads, lr_at, timed_step
 from moeviz.models.loading import LoadedModel, sample_models_dir
 from moeviz.models.sites import find_moe_sites
 from moeviz.trace import ModelInfo
@@ -510,14 +509,8 @@ class FinetuneRun:
 
     # -- training ----------------------------------------------------------------------------------------
     def step(self) -> dict:
-        with self._lock:
-            if self.done:
-                raise RuntimeError(f"the fine-tune is done ({self.config.steps} steps)")
-            started = time.perf_counter()
-            with lab_threads():
-                row = self._train_step()
-            self.elapsed += time.perf_counter() - started
-            return dict(row)
+        """Train on the next batch of the new domain; the history row of this step."""
+        return timed_step(self, "the fine-tune")
 
     def _batch(self) -> torch.Tensor:
         c = self.config

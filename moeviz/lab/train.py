@@ -265,6 +265,19 @@ def lr_at(step: int, total: int, base: float) -> float:
     return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def timed_step(run, what: str) -> dict:
+    """One `run._train_step()` under the run's lock on the lab's threads, its time added to `run.elapsed`
+    (a LabRun or a fine-tune); RuntimeError once the run is done."""
+    with run._lock:
+        if run.done:
+            raise RuntimeError(f"{what} is done ({run.config.steps} steps)")
+        started = time.perf_counter()
+        with lab_threads():
+            row = run._train_step()
+        run.elapsed += time.perf_counter() - started
+        return dict(row)
+
+
 # ---- the run --------------------------------------------------------------------------------------------
 class LabRun:
     """One training run. `step()` trains on one batch and returns that step's history row; the methods are
@@ -352,14 +365,7 @@ class LabRun:
     # -- training --------------------------------------------------------------------------------------
     def step(self) -> dict:
         """Train on the next batch; the history row of this step."""
-        with self._lock:
-            if self.done:
-                raise RuntimeError(f"the lab run is done ({self.config.steps} steps)")
-            started = time.perf_counter()
-            with lab_threads():
-                row = self._train_step()
-            self.elapsed += time.perf_counter() - started
-            return dict(row)
+        return timed_step(self, "the lab run")
 
     def _train_step(self) -> dict:
         c = self.config

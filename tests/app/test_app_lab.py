@@ -13,10 +13,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from moeviz.lab import PRESETS, LabConfig
-from tests.support.app import APP, app_test_env
-from tests.support.lab_app import chart_frame, checked
+from tests.support.app import app_test_env
+from tests.support.lab_app import chart_frame, checked, lab_page
 
-PAGE = "pages/lab.py"
 # a run of a few seconds: one layer, a narrow model, short sequences
 TINY = {"experts": 4, "k": 2, "d_model": 16, "layers": 1, "batch": 2, "seq": 16, "steps": 6, "eval_every": 3}
 RUN_TIMEOUT_S = 60
@@ -27,18 +26,12 @@ def app_env(monkeypatch):
     app_test_env(monkeypatch)
 
 
-def lab_page() -> AppTest:
-    at = AppTest.from_file(str(APP), default_timeout=RUN_TIMEOUT_S)
-    at.switch_page(PAGE)
-    return checked(at.run())
-
-
 def control(at: AppTest, field: str):
     return at.number_input(key=f"lab_{field}_widget")
 
 
 def test_renders_with_the_defaults(app_env) -> None:
-    at = lab_page()
+    at = lab_page(RUN_TIMEOUT_S)
     assert at.title[0].value.startswith("Lab")
     defaults = LabConfig()
     for field in ("experts", "k", "aux_coef", "z_coef", "bias_rate", "router_noise", "lr", "steps", "seed"):
@@ -48,7 +41,7 @@ def test_renders_with_the_defaults(app_env) -> None:
 
 
 def test_a_preset_fills_the_controls(app_env) -> None:
-    at = lab_page()
+    at = lab_page(RUN_TIMEOUT_S)
     control(at, "aux_coef").set_value(0.2)
     at.button(key="lab_preset_collapse").click()
     checked(at.run())
@@ -62,7 +55,7 @@ def test_a_preset_fills_the_controls(app_env) -> None:
 
 
 def test_a_short_run_draws_the_runners_history_and_opens_on_the_other_pages(app_env) -> None:
-    at = lab_page()
+    at = lab_page(RUN_TIMEOUT_S)
     for field, value in TINY.items():
         control(at, field).set_value(value)
     at.button(key="lab_start").click()
@@ -110,7 +103,7 @@ def test_busy_server_shows_the_busy_message(app_env, monkeypatch) -> None:
 
     monkeypatch.setattr(runner, "max_runs", lambda: 1)
     monkeypatch.setitem(runner._ACTIVE, -1, 0)  # the one slot taken by another session's run
-    at = lab_page()
+    at = lab_page(RUN_TIMEOUT_S)
     at.button(key="lab_start").click()
     checked(at.run())
     assert "lab_runner" not in at.session_state
@@ -140,7 +133,7 @@ def test_the_page_shows_the_memory_a_run_needs_and_refuses_one_above_the_budget(
     from moeviz.lab.budget import memory_estimate
     from moeviz.lab.data import lab_corpus
 
-    at = lab_page()
+    at = lab_page(RUN_TIMEOUT_S)
     need = memory_estimate(LabConfig(), lab_corpus().vocab_size)
     assert any(f"≈ {need.total / 2**30:.2f} GiB" in c.value for c in at.caption), [
         c.value for c in at.caption
@@ -154,6 +147,6 @@ def test_the_page_shows_the_memory_a_run_needs_and_refuses_one_above_the_budget(
 
 def test_a_server_without_the_lab_says_so(app_env, monkeypatch) -> None:
     monkeypatch.setenv("MOEVIZ_LAB_MAX_RUNS", "0")
-    at = lab_page()
+    at = lab_page(RUN_TIMEOUT_S)
     assert any("The Lab is disabled on this server" in i.value for i in at.info)
     assert not [b for b in at.button if b.key == "lab_start"]

@@ -12,10 +12,9 @@ from streamlit.testing.v1 import AppTest
 
 import moeviz
 from moeviz.lab.finetune import MODE_LABELS, finetune_summary
-from tests.support.app import APP, app_test_env
-from tests.support.lab_app import chart_frame, checked
+from tests.support.app import app_test_env
+from tests.support.lab_app import chart_frame, checked, lab_page
 
-PAGE = "pages/lab.py"
 RUN_TIMEOUT_S = 120
 
 
@@ -24,18 +23,12 @@ def app_env(monkeypatch):
     app_test_env(monkeypatch)
 
 
-def lab_page() -> AppTest:
-    at = AppTest.from_file(str(APP), default_timeout=RUN_TIMEOUT_S)
-    at.switch_page(PAGE)
-    return checked(at.run())
-
-
 def _number(at: AppTest, field: str):
     return at.number_input(key=f"ft_{field}_widget")
 
 
 def test_a_two_mode_fine_tune_draws_its_histories_and_opens_on_the_other_pages(app_env) -> None:
-    at = lab_page()
+    at = lab_page(RUN_TIMEOUT_S)
     at.multiselect(key="ft_modes_widget").set_value(["router", "lora"])
     _number(at, "steps").set_value(2)
     _number(at, "lora_rank").set_value(4)
@@ -76,7 +69,7 @@ def test_a_two_mode_fine_tune_draws_its_histories_and_opens_on_the_other_pages(a
 
 
 def test_a_rank_too_large_and_an_empty_text_are_one_line_each(app_env) -> None:
-    at = lab_page()
+    at = lab_page(RUN_TIMEOUT_S)
     at.multiselect(key="ft_modes_widget").set_value(["lora"])
     _number(at, "lora_rank").set_value(9)  # the router is 8 × 128
     at.button(key="ft_go").click()
