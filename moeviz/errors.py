@@ -67,6 +67,11 @@ class PromptTooLongError(InputError):
     pass
 
 
+class CheckpointSeriesError(InputError):
+    """A checkpoint series that is not one training run: full checkpoints mixed with adapters, adapters of
+    different bases, or adapters whose base is not given and not found."""
+
+
 class CaptureError(MoevizError):
     """Hooks did not see what the model computed (e.g. a kernel replaced the forward)."""
 

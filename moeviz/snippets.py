@@ -311,6 +311,36 @@ def compare_view(model_a: str, model_b: str, text: str) -> str:
     return program.text()
 
 
+def finetune_view(base: SnippetInput, tuned: SnippetInput, domains: bool = False) -> str:
+    """The Compare page's "What the fine-tune did": `diff` (`finetune_diff` of the base's and the fine-tune's
+    routing of `base.text`, with both routers' weights); with `domains`, `by_domain`, the same on the
+    evaluation corpus with each sequence's domain (`by_domain.domain_shift`, `by_domain.specialisation`)."""
+    _needs_model(base, "fine-tune")
+    program = _Program().need("from moeviz.analysis.finetune_diff import finetune_diff, router_weights")
+    _load(program, base.model, base.load_kwargs, name="base")
+    _load(program, tuned.model, tuned.load_kwargs, name="tuned")
+    program.add(
+        f"trace_base = moeviz.capture(base, {base.text!r})",
+        f"trace_tuned = moeviz.capture(tuned, {base.text!r})",
+        "weights = {'base_weights': router_weights(base), 'tuned_weights': router_weights(tuned)}",
+        "diff = finetune_diff(trace_base, trace_tuned, **weights)",
+    )
+    if domains:  # as the app routes the corpus: each domain's windows, one capture per domain
+        program.need("from moeviz.samples import DOMAINS, eval_batch")
+        program.add(
+            "batch = eval_batch(base)",
+            "pairs = list(zip(batch.token_ids, batch.domains))",
+            "corpus = [[ids for ids, d in pairs if d == domain] for domain in DOMAINS]",
+            "by_domain = finetune_diff(",
+            "    moeviz.Trace.concat([moeviz.capture(base, token_ids=ids) for ids in corpus]),",
+            "    moeviz.Trace.concat([moeviz.capture(tuned, token_ids=ids) for ids in corpus]),",
+            "    seq_domains=batch.domains,",
+            "    **weights,",
+            ")",
+        )
+    return program.text()
+
+
 def corpus_view(
     store: str,
     model: str,
@@ -354,11 +384,17 @@ def engines_view(a: SnippetInput, b: SnippetInput) -> str:
 
 
 def checkpoints_view(
-    series: str, windows: int, window_tokens: int, kind: str = "topk", indicator: str = "load_entropy"
+    series: str,
+    windows: int,
+    window_tokens: int,
+    kind: str = "topk",
+    indicator: str = "load_entropy",
+    base: str | None = None,
 ) -> str:
     """The Checkpoints page: every checkpoint of `series` traced on the first `windows` × `window_tokens`
     tokens of each evaluation slice into a fresh store, then the `timeline` and its `saturation` `chart`
-    (`kind`: topk or top1) and balance chart of `indicator`."""
+    (`kind`: topk or top1) and balance chart of `indicator`. `base`: the base model of a series of adapters
+    (each adapter loaded over it)."""
     program = _Program().need(
         "import tempfile",
         "from pathlib import Path",
@@ -366,10 +402,11 @@ def checkpoints_view(
         "from moeviz.charts.checkpoints import balance_timeline_chart, saturation_timeline_chart",
         "from moeviz.samples import write_eval_prefix",
         "from moeviz.store import TraceSettings, write_corpus",
-        "from moeviz.store.checkpoints import checkpoint_timeline, resolve_series",
+        "from moeviz.store.checkpoints import checkpoint_timeline, plan_series",
     )
     program.add(
-        f"name, checkpoints = resolve_series({series!r})",
+        f"series = plan_series({series!r}, base={base!r})",
+        "name, checkpoints = series.name, series.checkpoints",
         "corpus = write_eval_prefix(",
         "    moeviz.load_model(checkpoints[0][1]),",
         "    Path(tempfile.mkdtemp()),",
@@ -379,7 +416,7 @@ def checkpoints_view(
         f"settings = TraceSettings(batch_size={int(windows)!r}, chunk_tokens={int(window_tokens)!r})",
         "for index, (label, folder) in enumerate(checkpoints):",
         "    write_corpus(",
-        "        moeviz.load_model(folder), corpus, store, model=name, checkpoint=label,",
+        "        moeviz.load_model(**series.load_args(folder)), corpus, store, model=name, checkpoint=label,",
         "        checkpoint_index=index, settings=settings, progress=False,",
         "    )",
         "timeline = checkpoint_timeline(store, model=name)",
@@ -512,7 +549,18 @@ def size_view(model: str, load_kwargs: Mapping[str, object] | None = None) -> st
 
 
 # ---- Teach -----------------------------------------------------------------------------------------------
-LEARN_STEPS = ("router", "top_k", "load", "aux", "collapse", "bias", "shared", "deployment", "sweep")
+LEARN_STEPS = (
+    "router",
+    "top_k",
+    "load",
+    "aux",
+    "collapse",
+    "bias",
+    "shared",
+    "finetune",
+    "deployment",
+    "sweep",
+)
 
 
 def learn_view(
@@ -534,6 +582,15 @@ def learn_view(
     if step == "sweep":
         program.need("import pandas as pd")
         program.add("sweep = pd.read_csv('docs/experts-sweep.csv')  # held-out loss by experts and k")
+        return program.text()
+    if step == "finetune":  # a shipped run (scripts/samples/finetune_modes.py), read where the app reads it
+        program.need("import pandas as pd", "from moeviz.models.loading import sample_models_dir")
+        program.add(
+            "folder = sample_models_dir() / 'finetune-modes'",
+            "curves = pd.read_parquet(folder / 'curves.parquet')  # per mode and step: losses, mismatch",
+            "summary = pd.read_parquet(folder / 'summary.parquet')  # per mode: adapted? forgot? balanced?",
+            "layers = pd.read_parquet(folder / 'layers.parquet')  # per mode and MoE layer, at the end",
+        )
         return program.text()
     if step == "collapse":
         program.need("import moeviz", "from moeviz.analysis import balance_stats")

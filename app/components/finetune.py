@@ -1,12 +1,13 @@
 """The Lab page's fine-tune section: pick a start model (a bundled Mixtral sample, or the model this session's
 Lab run trained), a new domain (a domain of the sample corpus, or pasted text) and the modes, run them one
-after another in a `moeviz.lab.finetune.FinetuneRunner` (the Lab's limits: a training slot and the memory
-budget), watch the curves of every mode on shared axes, compare the modes side by side at the end, and open
-each fine-tuned model on the other pages. Each session owns at most one fine-tune runner
-(`st.session_state`); no model math here.
+after another in a `moeviz.lab.finetune.FinetuneRunner`, watch the curves of every mode on shared axes,
+compare the modes side by side at the end, and open each fine-tuned model on the other pages. Each session
+owns at most one fine-tune runner (`st.session_state`); no model math here.
 
-A runner is not swept when its session leaves (the Lab's janitor keeps one runner per session): its thread
-ends by itself after its steps, at most a few thousand small ones.
+A fine-tune is under the Lab's limits, as a Lab run is: it takes one of the server's training slots
+(`MOEVIZ_LAB_MAX_RUNS`, counted with the Lab runs) and its share of the memory budget; Pause / Resume hold
+its slot, and a pause longer than the runner's pause limit stops it; an ended run drops its gradients and
+optimiser state; and the Lab's janitor (`components.lab.register`) stops it once its session is gone.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ RUNNER = "ft_runner"  # st.session_state: the session's FinetuneRunner (or absen
 MESSAGE = "ft_message"  # st.session_state: a refusal to show once
 COUNT = "ft_count"  # st.session_state: fine-tunes this session started (numbers their names)
 NUMBER = "ft_number"  # st.session_state: the number of the current runner's fine-tune
+UNDER_WAY = ("idle", "running", "paused")  # a runner's states while it holds its training slot
 TEXT_DOMAIN = "your text"
 LAB_START = "the Lab's model"
 DEFAULTS = FinetuneConfig()
@@ -209,6 +211,7 @@ def start() -> None:
     if problem:
         st.session_state[MESSAGE] = problem
         return
+    lab_runs.sweep()  # the runs of sessions gone for good give their slots back first
     stop()
     try:
         new = FinetuneRunner(configs, _start_model())
@@ -218,12 +221,26 @@ def start() -> None:
         return
     st.session_state[RUNNER] = new
     st.session_state[NUMBER] = st.session_state[COUNT] = st.session_state.get(COUNT, 0) + 1
+    lab_runs.register(new, "finetune")
 
 
 def stop() -> None:
+    """Stop callback: end the session's fine-tune after its step in progress (its slot comes back)."""
     current = st.session_state.get(RUNNER)
     if current is not None:
         current.stop(wait=lab_runs.STOP_WAIT_S)
+        lab_runs.forget(current)
+
+
+def pause() -> None:
+    """Pause callback: the fine-tune parks after its step in progress, keeping its slot and its model."""
+    if (current := runner()) is not None:
+        current.pause()
+
+
+def resume() -> None:
+    if (current := runner()) is not None:
+        current.resume()
 
 
 def runner() -> FinetuneRunner | None:
@@ -357,7 +374,7 @@ def live() -> None:
         side_by_side(current)
     if state != st.session_state.get("ft_drawn_state"):
         st.session_state["ft_drawn_state"] = state
-        if state not in ("running", "idle"):
+        if state not in UNDER_WAY:
             st.rerun()  # the run ended: the whole section redraws (controls unlocked)
 
 
@@ -371,7 +388,7 @@ def section() -> None:
     )
     current = runner()
     state = None if current is None else current.state
-    locked = state in ("idle", "running")
+    locked = state in UNDER_WAY
     configs, problem = controls(locked)
     if problem:
         st.error(problem)
@@ -384,9 +401,15 @@ def section() -> None:
         on_click=start,
         disabled=bool(problem) or locked,
     )
+    row.button("Pause", key="ft_pause", icon=":material/pause:", on_click=pause, disabled=state != "running")
+    row.button(
+        "Resume", key="ft_resume", icon=":material/resume:", on_click=resume, disabled=state != "paused"
+    )
     row.button("Stop", key="ft_stop", icon=":material/stop:", on_click=stop, disabled=not locked)
     if (message := st.session_state.pop(MESSAGE, None)) is not None:
         st.warning(message, icon=":material/hourglass_top:")
+    if current is not None and current.note:
+        st.info(current.note, icon=":material/timer_off:")
     if configs and not locked and _value("start") != LAB_START:
         try:
             model_config = start_config(configs[0])
@@ -394,4 +417,4 @@ def section() -> None:
             st.caption(f"Memory the largest mode needs: {need.describe()}, of {gib(memory_budget())} here.")
         except InputError as exc:
             st.error(str(exc))
-    st.fragment(run_every=1.0 if locked else None)(live)()
+    st.fragment(run_every={"idle": 1.0, "running": 1.0, "paused": 2.0}.get(state or ""))(live)()

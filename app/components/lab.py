@@ -7,12 +7,14 @@ starts, the previous one is kept as its settings and history (`KeptRun`, at most
 forgotten first; not its model, nor its per-expert loads), so the page can overlay the runs' curves.
 
 Sessions and threads. Streamlit has no session-end hook, so every runner is also registered here by the id
-of the session that started it (`_REGISTRY`). A janitor thread (one per server process, alive only while
-runners are registered) looks every SWEEP_S seconds and stops the runner of a session that has not been
-connected for GRACE_S seconds (Streamlit keeps a disconnected session that long for a reconnect), then forgets
-it; the same sweep runs when a session starts a run. A session starting a new run, or pressing Reset, stops
-its previous runner first. The runner threads are daemon threads and end by themselves after their steps
-(at most `moeviz.lab.config.MAX_STEPS`), so a runner never outlives the server process either.
+of the session that started it and its kind (`_REGISTRY`: the session's Lab run and its fine-tune,
+`components.finetune`, one of each). A janitor thread (one per server process, alive only while runners are
+registered) looks every SWEEP_S seconds and stops the runners of a session that has not been connected for
+GRACE_S seconds (Streamlit keeps a disconnected session that long for a reconnect), then forgets them; the
+same sweep runs when a session starts a run or a fine-tune. A session starting a new run, or pressing Reset,
+stops its previous runner of that kind first. The runner threads are daemon threads and end by themselves
+after their steps (at most `moeviz.lab.config.MAX_STEPS`), so a runner never outlives the server process
+either.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class _Entry:
     seen: float  # monotonic time the session was last seen connected
 
 
-_REGISTRY: dict[str, _Entry] = {}  # session id -> its runner
+_REGISTRY: dict[tuple[str, str], _Entry] = {}  # (session id, kind: "lab" or "finetune") -> its runner
 _LOCK = threading.Lock()
 _SAVE_LOCK = threading.Lock()
 _janitor: threading.Thread | None = None
@@ -75,19 +77,19 @@ def _connected(session_id: str) -> bool:
 
 
 def sweep(now: float | None = None) -> list[str]:
-    """Stop and forget the runners of sessions gone for over GRACE_S seconds (→ their ids); a stopped or
-    finished runner of a gone session is forgotten too (its memory goes with the session)."""
+    """Stop and forget the runners of sessions gone for over GRACE_S seconds (→ those sessions' ids); a
+    stopped or finished runner of a gone session is forgotten too (its memory goes with the session)."""
     now = time.monotonic() if now is None else now
     gone = []
     with _LOCK:
-        for session_id, entry in list(_REGISTRY.items()):
-            if _connected(session_id):
+        for key, entry in list(_REGISTRY.items()):
+            if _connected(key[0]):
                 entry.seen = now
             elif now - entry.seen > GRACE_S:
-                gone.append((session_id, _REGISTRY.pop(session_id).runner))
+                gone.append((key[0], _REGISTRY.pop(key).runner))
     for _, runner in gone:
         runner.stop()
-    return [session_id for session_id, _ in gone]
+    return list(dict.fromkeys(session_id for session_id, _ in gone))
 
 
 def _janitor_loop() -> None:
@@ -101,20 +103,23 @@ def _janitor_loop() -> None:
                 return
 
 
-def _register(runner: LabRunner) -> None:
+def register(runner: LabRunner, kind: str = "lab") -> None:
+    """Put the session's runner of `kind` ("lab", "finetune") in the janitor's care, in place of the
+    session's previous one of that kind."""
     global _janitor
     with _LOCK:
-        _REGISTRY[_session_id()] = _Entry(runner, time.monotonic())
+        _REGISTRY[(_session_id(), kind)] = _Entry(runner, time.monotonic())
         if _janitor is None or not _janitor.is_alive():
             _janitor = threading.Thread(target=_janitor_loop, name="moeviz-lab-janitor", daemon=True)
             _janitor.start()
 
 
-def _forget(runner: LabRunner) -> None:
+def forget(runner: LabRunner) -> None:
+    """Take the runner out of the janitor's care (it was stopped)."""
     with _LOCK:
-        for session_id, entry in list(_REGISTRY.items()):
+        for key, entry in list(_REGISTRY.items()):
             if entry.runner is runner:
-                del _REGISTRY[session_id]
+                del _REGISTRY[key]
 
 
 @dataclass(frozen=True)
@@ -242,7 +247,7 @@ def _drop() -> None:
     current = st.session_state.pop(RUNNER, None)
     if current is not None:
         current.stop(wait=STOP_WAIT_S)
-        _forget(current)
+        forget(current)
 
 
 def start(config: LabConfig) -> None:
@@ -262,7 +267,7 @@ def start(config: LabConfig) -> None:
         return
     st.session_state[RUNNER] = new
     name_of(new)
-    _register(new)
+    register(new)
 
 
 def pause() -> None:

@@ -32,6 +32,7 @@ HEIGHTS = {
     "learn_collapse": (150, 95),
     "learn_bias": (190, 120),
     "learn_shared": (190, 140),
+    "learn_finetune": (110, 50),
     "learn_sweep": (260, 140),
     "lab_main": (200, 100),
     "lab_small": (130, 50),

@@ -25,16 +25,17 @@ st.markdown(
     f"Every checkpoint of a training run routes the same {WINDOWS} × {WINDOW_TOKENS} tokens of each "
     "evaluation domain; the lines show how each MoE layer's routing settles."
 )
-series = series_picker()
+series, base = series_picker()  # base: the base model of a series of adapters, else None
 # the controls first, then the (slow, once per server) tracing with its progress, then the charts
 left, right = st.columns(2)
 kind = left.radio("Saturation agreement", ["topk", "top1"], horizontal=True, key="saturation_kind")
 indicator = right.selectbox("Balance indicator", list(TIMELINE_INDICATORS), key="timeline_indicator")
-breaks = series_breaks(series)  # weights only: milliseconds, before any tracing
-timeline = run_timeline(series)
+breaks = series_breaks(series, base)  # weights only: milliseconds, before any tracing
+timeline = run_timeline(series, base)
+over = f" · adapters over {base} (the base alone is {timeline.checkpoints[0]})" if base else ""
 st.caption(
     f"{timeline.model} · {len(timeline.checkpoints)} checkpoints ({timeline.checkpoints[0]} … "
-    f"{timeline.checkpoints[-1]}) · final = {timeline.checkpoints[-1]}"
+    f"{timeline.checkpoints[-1]}) · final = {timeline.checkpoints[-1]}{over}"
 )
 saturation, drift = timeline.saturation, timeline.drift
 if breaks:  # expert ids do not correspond across a break: no agreement is drawn across it
@@ -102,4 +103,4 @@ st.caption("Per checkpoint × layer: balance, verdict and saturation (drift and 
 exports.table_downloads(frame, "checkpoint_timeline")
 exports.table_downloads(timeline.drift, "expert_drift")
 exports.table_downloads(timeline.specialisation, "domain_specialisation_timeline")
-share.reproduce(lambda: snippets.checkpoints_view(series, WINDOWS, WINDOW_TOKENS, kind, indicator))
+share.reproduce(lambda: snippets.checkpoints_view(series, WINDOWS, WINDOW_TOKENS, kind, indicator, base=base))

@@ -1,11 +1,13 @@
 """Learn: a guided lesson in short steps, one screen each, on the bundled samples. Every number is measured
 on one fixed text (`components.learn.LESSON_TEXT`) routed through the sample models, or on the user's own
-text ("Use my own text", steps 1–7) through the same cached captures as the other pages."""
+text ("Use my own text", steps 1–7) through the same cached captures as the other pages; step 8 reads a
+small fine-tuning run shipped with the samples (`components.learn_finetune`)."""
 
 import pandas as pd
 import streamlit as st
 from components import caches, exports, presentation, share
 from components import learn as lesson_ui
+from components import learn_finetune as finetune_lesson
 from components.widgets import kept
 
 from moeviz.analysis import balance_stats, expert_balance_frame
@@ -35,6 +37,7 @@ from moeviz.analysis.losses import bias_stats
 from moeviz.analysis.reroute import RerouteSettings, aux_terms, reroute
 from moeviz.architecture import parameter_summary
 from moeviz.charts import expert_load_chart, token_options
+from moeviz.charts.finetune_lesson import LESSON_METRICS, finetune_lesson_chart, mode_colours
 from moeviz.charts.learn import (
     aux_terms_chart,
     choice_load_chart,
@@ -355,8 +358,64 @@ def shared_step() -> None:
 
 
 # ---- 8 -------------------------------------------------------------------------------------------------
+def finetune_step() -> None:
+    st.subheader("8 · What fine-tuning does to routing")
+    shipped = finetune_lesson.read_shipped()
+    if shipped is None:
+        st.info(
+            f"The shipped fine-tuning run (sample_models/{finetune_lesson.FOLDER}) is missing: "
+            f"`{finetune_lesson.RECIPE}` writes it.",
+            icon=":material/folder_off:",
+        )
+        return
+    rows = finetune_lesson.summary(shipped)
+    notice(finetune_lesson.notice(rows, shipped) + finetune_lesson.frozen_layer_note(shipped))
+    colours = mode_colours(shipped.labels)
+    projector = presentation.projector()  # a 720-pixel screen: the table below is the colour key
+    if not projector:
+        st.markdown(finetune_lesson.colour_key(colours), unsafe_allow_html=True)  # one key for four panels
+    curves = finetune_lesson.chart_frame(shipped)
+    for area, metric in zip(st.columns(len(LESSON_METRICS), gap="small"), LESSON_METRICS, strict=True):
+        with area:
+            exports.show_chart(
+                finetune_lesson_chart(
+                    curves,
+                    metric,
+                    runs=shipped.labels,
+                    height=presentation.height("learn_finetune"),
+                    reference=1 / shipped.experts if metric == "max_share" else None,
+                ),
+                f"learn_finetune_{metric}",
+            )
+    explanation = finetune_lesson.explanation(shipped)
+    # on a projector the explanation goes behind "Details"
+    table, text = (st.container(), None) if projector else st.columns([3, 2], gap="medium")
+    shown = finetune_lesson.table(rows)
+    table.dataframe(
+        shown.style.map(lambda mode: f"color: {colours[mode]}; font-weight: 600", subset=["mode"]),
+        hide_index=True,
+        key="learn_finetune_table",
+    )
+    if text is not None:
+        text.markdown(explanation)
+    config = shipped.meta["config"]
+    lesson_ui.details(
+        (explanation + "\n\n" if projector else "")
+        + f"{config['start']} fine-tuned on {shipped.domain}'s held-out text (new to it) for {shipped.steps} "
+        f"steps of {config['batch']} × {config['seq']} tokens, lr {config['lr']:g}, seed "
+        f"{shipped.meta['seed']}, in each mode; evaluated after every step on held-out windows of the new "
+        "and the old domains. "
+        "Adapted: the new-domain loss fell by at least "
+        f"{shipped.meta['thresholds']['adapted_drop']:g} nats; forgot: the old domains' rose by more than "
+        f"{shipped.meta['thresholds']['forgot_rise']:g}; routing changed: top-k sets that differ from the "
+        "base's; most changed layer: on all the new domain's held-out tokens. Recipe: "
+        f"`{finetune_lesson.RECIPE}`; the Lab's Fine-tune section runs it live."
+    )
+
+
+# ---- 9 -------------------------------------------------------------------------------------------------
 def deployment_step() -> None:
-    st.subheader("8 · Where deployment questions come in")
+    st.subheader("9 · Where deployment questions come in")
     model = caches.get_model(lesson_ui.BIASED).model
     trace = trace_of(lesson_ui.BIASED)
     first = trace.layers[0]
@@ -391,9 +450,9 @@ def deployment_step() -> None:
     )
 
 
-# ---- 9 (when the sweep is shipped) ---------------------------------------------------------------------
+# ---- 10 (when the sweep is shipped) --------------------------------------------------------------------
 def sweep_step() -> None:
-    st.subheader("9 · How many experts?")
+    st.subheader("10 · How many experts?")
     sweep = lesson_ui.experts_sweep()
     notice(sweep_notice(sweep))
     exports.show_chart(experts_sweep_chart(sweep, height=presentation.height("learn_sweep")), "learn_sweep")
@@ -412,10 +471,11 @@ STEPS = {
     "collapse": ("5 Collapse", collapse_step),
     "bias": ("6 Bias", bias_step),
     "shared": ("7 Shared", shared_step),
-    "deployment": ("8 Deploy", deployment_step),
+    "finetune": ("8 Fine-tuning", finetune_step),
+    "deployment": ("9 Deploy", deployment_step),
 }
 if lesson_ui.experts_sweep() is not None:
-    STEPS["sweep"] = ("9 How many?", sweep_step)
+    STEPS["sweep"] = ("10 How many?", sweep_step)
 READS_TEXT = {"router", "top_k", "load", "aux", "collapse", "bias", "shared"}  # the steps that route a text
 
 lesson_ui.compact_top()

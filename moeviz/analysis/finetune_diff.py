@@ -14,11 +14,24 @@ them); M = pairs of a layer, k = slots per token, c_e = slots sent to expert e (
   as loaded); norm = ‖Δ‖_F, relative = ‖Δ‖_F / ‖W^base‖_F, rank = #{σ_i(Δ) > tol} with tol = max(E, H) ·
   eps(dtype) · σ_max(W^base) — the rounding of the weights themselves, so a LoRA of rank r merged in fp32
   shows rank ≤ r and an unchanged router rank 0.
+
+Per domain, when the tokens are labelled (`seq_domains[i]` = the domain of sequence i, as
+`specialisation.expert_domain_specialisation` and `domains.domain_top_experts` take them: the sample
+evaluation corpus, a `--corpus`):
+- domain share of expert e in domain D = c_{e,D} / Σ_e' c_{e',D}, with c_{e,D} = slots of D's paired tokens
+  sent to e — `domain_top_experts`' share (dispatched / the domain's dispatched slots; a dropped slot counts
+  for no expert and not in the sum); its shift tuned − base has the band of the load shift, a paired
+  bootstrap over D's tokens of the layer only; "took the domain" = the band excludes 0 and the share rose,
+  "left" = it excludes 0 and the share fell;
+- specialisation score of D at a layer, before and after = `expert_domain_specialisation`'s summary of each
+  whole trace: max_e DS(e, D), DS(e, D) = #{t ∈ D : e ∈ S_t} / #{t ∈ D} (OLMoE's domain specialisation),
+  its top expert, lift = DS / (k/E) and the verdict against the routing-shuffle null.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,13 +42,16 @@ from moeviz.analysis.collapse import Verdict, collapse_report
 from moeviz.analysis.compare import _matched_layers
 from moeviz.analysis.engine_diff import EngineDiff, _pair_rows, align_traces, engine_diff
 from moeviz.analysis.null import bootstrap_counts
+from moeviz.analysis.specialisation import _domain_codes, expert_domain_specialisation
 from moeviz.errors import InputError
 from moeviz.trace import Trace
 
 DEFINITION = (
     "load shift = f_tuned − f_base per expert, f = slots/(k·pairs), band = paired bootstrap percentile "
     "interval; balance = collapse verdict before/after; router delta = ‖W_tuned − W_base‖_F of the router "
-    "weight, rank = singular values above max(E, H)·eps·σ_max(W_base)"
+    "weight, rank = singular values above max(E, H)·eps·σ_max(W_base); domain share = slots of the "
+    "domain's tokens to e / the domain's dispatched slots, took = its paired bootstrap band over the "
+    "domain's tokens excludes 0 and the share rose; specialisation = max_e DS(e, D) before/after"
 )
 LOAD_SHIFT_COLUMNS = [
     "layer",
@@ -61,6 +77,37 @@ BALANCE_COLUMNS = [
     "dead_fraction_base",
     "dead_fraction_tuned",
     "reasons_tuned",
+]
+DOMAIN_SHIFT_COLUMNS = [
+    "layer",
+    "site",
+    "domain",
+    "expert",
+    "tokens",
+    "share_base",
+    "share_tuned",
+    "shift",
+    "shift_low",
+    "shift_high",
+    "took",
+    "left",
+]
+SPECIALISATION_COLUMNS = [
+    "layer",
+    "site",
+    "domain",
+    "tokens",
+    "baseline",
+    "top_expert_base",
+    "ds_base",
+    "lift_base",
+    "verdict_base",
+    "top_expert_tuned",
+    "ds_tuned",
+    "lift_tuned",
+    "verdict_tuned",
+    "ds_change",
+    "took",
 ]
 DELTA_COLUMNS = [
     "layer",
@@ -148,10 +195,7 @@ def load_shift_frame(
 ) -> pd.DataFrame:
     """One row per (layer, site, expert) of the layers both traces routed: each side's share, the shift and
     its paired bootstrap band at `level`, and whether the band excludes 0 (module docstring)."""
-    if not 0 < level < 1:
-        raise InputError(f"level must be in (0, 1), got {level}")
-    if draws < 1:
-        raise InputError(f"draws must be >= 1, got {draws}")
+    _check_band(level, draws)
     mapping = align_traces(base, tuned).mapping
     q = [(1 - level) / 2, 1 - (1 - level) / 2]
     parts = []
@@ -187,6 +231,117 @@ def load_shift_frame(
         )
     frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     return frame.reindex(columns=LOAD_SHIFT_COLUMNS)
+
+
+def _check_band(level: float, draws: int) -> None:
+    if not 0 < level < 1:
+        raise InputError(f"level must be in (0, 1), got {level}")
+    if draws < 1:
+        raise InputError(f"draws must be >= 1, got {draws}")
+
+
+def _labels(trace: Trace, seq_domains: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(domain names [D], domain code of each token row of `trace` [T]); InputError for too few labels."""
+    try:
+        return _domain_codes(trace, seq_domains)
+    except ValueError as exc:
+        raise InputError(f"cannot label the tokens by domain: {exc}") from None
+
+
+def domain_shift_frame(
+    base: Trace,
+    tuned: Trace,
+    seq_domains: Sequence[str],
+    *,
+    level: float = 0.9,
+    draws: int = 1000,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """One row per (layer, site, domain, expert) of the layers both traces routed: the expert's share of
+    the domain's dispatched slots before and after, the shift, its paired bootstrap band over the domain's
+    tokens at `level`, and whether the expert took (band > 0) or left (band < 0) the domain (module
+    docstring). `seq_domains[i]` labels sequence i of `base`; a domain with no token at a layer gets NaN."""
+    _check_band(level, draws)
+    names, codes = _labels(base, seq_domains)
+    mapping = align_traces(base, tuned).mapping
+    q = [(1 - level) / 2, 1 - (1 - level) / 2]
+    parts = []
+    for x, y in _common_layers(base, tuned):
+        rows, ia, ib = _pair_rows(x, y, mapping, len(tuned.tokens), identity=False)
+        assert ia is not None and ib is not None  # identity=False always gives the row indices
+        e, domain_of = x.num_experts, codes[rows]
+        for d, name in enumerate(names):
+            sel = domain_of == d
+            ea, eb = x.experts[ia[sel]], y.experts[ib[sel]]
+            both = np.concatenate([ea, np.where(eb >= 0, eb + e, -1)], axis=1)  # [M_D, k_a + k_b]
+            counts = np.bincount(both[both >= 0], minlength=2 * e).astype(np.float64)
+            share_a, share_b = _shares(counts[None, :e])[0], _shares(counts[None, e:])[0]
+            low = high = np.full(e, np.nan)
+            if len(both):
+                boot = bootstrap_counts(both, 2 * e, draws, seed)  # [draws, 2E] the same tokens both sides
+                low, high = np.quantile(_shares(boot[:, e:]) - _shares(boot[:, :e]), q, axis=0)
+            parts.append(
+                pd.DataFrame(
+                    {
+                        "layer": x.layer,
+                        "site": x.site,
+                        "domain": name,
+                        "expert": np.arange(e),
+                        "tokens": int(sel.sum()),
+                        "share_base": share_a,
+                        "share_tuned": share_b,
+                        "shift": share_b - share_a,
+                        "shift_low": low,
+                        "shift_high": high,
+                        "took": low > 0,
+                        "left": high < 0,
+                    }
+                )
+            )
+    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    return frame.reindex(columns=DOMAIN_SHIFT_COLUMNS)
+
+
+def _shares(counts: np.ndarray) -> np.ndarray:
+    """[N, E] each row's counts over its sum; NaN where a row has none (every slot dropped, or no token)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    total = counts.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total > 0, counts / np.where(total > 0, total, 1.0), np.nan)
+
+
+def specialisation_change_frame(
+    base: Trace,
+    tuned: Trace,
+    seq_domains: Sequence[str],
+    *,
+    shuffles: int = 100,
+    seed: int = 0,
+    domain_shift: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """One row per (layer, site, domain) both traces hold: the domain's specialisation score before and
+    after (`expert_domain_specialisation(...).summary` of each trace: its top expert, ds = max_e DS(e, D),
+    lift over k/E, the verdict against `shuffles` routing shuffles), ds_change = ds_tuned − ds_base, and —
+    given `domain_shift_frame`'s frame — took, the number of experts that took the domain there."""
+    _labels(base, seq_domains)
+    before = expert_domain_specialisation(base, seq_domains, shuffles=shuffles, seed=seed).summary
+    after = expert_domain_specialisation(tuned, seq_domains, shuffles=shuffles, seed=seed).summary
+    if before.empty or after.empty:
+        return pd.DataFrame(columns=SPECIALISATION_COLUMNS)
+    keep = ["layer", "site", "domain", "top_expert", "ds", "lift", "verdict"]
+    frame = before[[*keep, "tokens", "baseline"]].merge(
+        after[keep], on=["layer", "site", "domain"], suffixes=("_base", "_tuned")
+    )
+    frame["ds_change"] = frame["ds_tuned"] - frame["ds_base"]
+    if domain_shift is not None and len(domain_shift):
+        took = domain_shift.groupby(["layer", "site", "domain"], as_index=False)["took"].sum()
+        frame = frame.drop(columns="took", errors="ignore").merge(
+            took, on=["layer", "site", "domain"], how="left"
+        )
+        frame["took"] = frame["took"].fillna(0).astype(np.int64)
+    else:
+        frame["took"] = pd.NA
+    return frame.reindex(columns=SPECIALISATION_COLUMNS)
 
 
 def _common_layers(base: Trace, tuned: Trace):
@@ -233,6 +388,8 @@ class FinetuneDiff:
     - load_shift: per (layer, site, expert), `load_shift_frame`
     - balance: per layer, `balance_change_frame`; verdict_base, verdict_tuned: the model's
     - router_delta: per layer, `router_delta_frame` (None without the two models' router weights)
+    - domain_shift: per (layer, site, domain, expert), `domain_shift_frame`; specialisation: per (layer,
+      site, domain), `specialisation_change_frame` (both None without domain labels)
     """
 
     routing: EngineDiff
@@ -244,6 +401,8 @@ class FinetuneDiff:
     level: float
     draws: int
     definition: str = DEFINITION
+    domain_shift: pd.DataFrame | None = None
+    specialisation: pd.DataFrame | None = None
 
     @property
     def degraded(self) -> bool:
@@ -254,6 +413,14 @@ class FinetuneDiff:
         """The experts whose load shift band excludes 0, largest |shift| first."""
         moved = self.load_shift[self.load_shift["moved"]]
         return moved.reindex(moved["shift"].abs().sort_values(ascending=False).index)
+
+    def took_domains(self) -> pd.DataFrame:
+        """The (layer, domain, expert) rows whose expert took the domain, largest shift first (empty without
+        domain labels)."""
+        if self.domain_shift is None:
+            return pd.DataFrame(columns=DOMAIN_SHIFT_COLUMNS)
+        took = self.domain_shift[self.domain_shift["took"]]
+        return took.sort_values("shift", ascending=False, kind="stable")
 
     def to_json(self) -> dict[str, Any]:
         """Everything as plain JSON types (NaN → null left to the caller's encoder)."""
@@ -268,6 +435,10 @@ class FinetuneDiff:
             "level": self.level,
             "draws": self.draws,
             "router_delta": delta,
+            "domain_shift": None if self.domain_shift is None else self.domain_shift.to_dict("records"),
+            "specialisation": (
+                None if self.specialisation is None else self.specialisation.to_dict("records")
+            ),
             "definition": self.definition,
         }
 
@@ -278,20 +449,41 @@ def finetune_diff(
     *,
     base_weights: dict[tuple[str, int], RouterWeight] | None = None,
     tuned_weights: dict[tuple[str, int], RouterWeight] | None = None,
+    seq_domains: Sequence[str] | None = None,
     level: float = 0.9,
     draws: int = 1000,
     seed: int = 0,
+    shuffles: int = 100,
 ) -> FinetuneDiff:
     """Diff the routing of a fine-tune (`tuned`) against its base (`base`) on the same tokens; with both
-    models' `router_weights`, the router-weight delta per layer too. InputError when the traces hold
-    different tokens or no common MoE layer."""
+    models' `router_weights`, the router-weight delta per layer too; with `seq_domains` (the domain of each
+    sequence of `base`), the domain shift and the specialisation change (`shuffles`: the routing shuffles
+    of the specialisation verdicts). InputError when the traces hold different tokens or no common MoE
+    layer, or `seq_domains` labels fewer sequences than `base` has."""
     routing = engine_diff(base, tuned)
     shift = load_shift_frame(base, tuned, level=level, draws=draws, seed=seed)
     balance, before, after = balance_change_frame(base, tuned)
     delta = None
     if base_weights is not None and tuned_weights is not None:
         delta = router_delta_frame(base_weights, tuned_weights)
-    return FinetuneDiff(routing, shift, balance, before, after, delta, level, draws)
+    domain_shift = specialisation = None
+    if seq_domains is not None:
+        domain_shift = domain_shift_frame(base, tuned, seq_domains, level=level, draws=draws, seed=seed)
+        specialisation = specialisation_change_frame(
+            base, tuned, seq_domains, shuffles=shuffles, seed=seed, domain_shift=domain_shift
+        )
+    return FinetuneDiff(
+        routing,
+        shift,
+        balance,
+        before,
+        after,
+        delta,
+        level,
+        draws,
+        domain_shift=domain_shift,
+        specialisation=specialisation,
+    )
 
 
 def adapter_summary(trace: Trace) -> str:

@@ -14,7 +14,8 @@ from moeviz.cli.flags import CORPUS_HELP, REPORT_CHUNK_TOKENS, add_batching_flag
 from moeviz.cli.output import json_text
 
 SERIES_HELP = (
-    "a training run: a folder of checkpoint folders, or A,B,C (checkpoint folders in training order)"
+    "a training run: a folder of checkpoint folders, or A,B,C (checkpoint folders in training order); "
+    "the checkpoints are full models or PEFT adapters of one base (see --base)"
 )
 TIMELINE_FRAMES = ("saturation", "collapse", "drift", "specialisation", "crossings")
 
@@ -40,6 +41,13 @@ def add_timeline_flags(command: Any) -> None:
     """The flags only a checkpoint timeline takes (here and in `report --checkpoints`)."""
     command.add_argument("--max-batches", type=int, help="trace only this many batches (a fixed prefix)")
     command.add_argument("--store", type=Path, help="keep the traces in this store (reused with resume)")
+    command.add_argument(
+        "--base",
+        metavar="MODEL",
+        help="a series of PEFT adapters (checkpoint-N/ folders with adapter_config.json): the base model "
+        "they were trained on, a folder or sample:NAME (default: the base their config names, if it is a "
+        "folder here); the base alone is the timeline's first checkpoint, 'base'",
+    )
 
 
 def run_checkpoints(args: argparse.Namespace) -> int:
@@ -50,11 +58,12 @@ def run_checkpoints(args: argparse.Namespace) -> int:
 
     settings = trace_settings(args)
     check_corpus(args.corpus)
-    name, _ = resolve_series(args.checkpoints)
+    base = getattr(args, "base", None)
+    name, _ = resolve_series(args.checkpoints, base)
     hf_logging.disable_progress_bar()
     store = args.store or Path(tempfile.mkdtemp(prefix="moeviz-timeline-"))
     try:
-        write_series(args.checkpoints, args.corpus, store, settings=settings, resume=True)
+        write_series(args.checkpoints, args.corpus, store, settings=settings, resume=True, base=base)
         timeline = checkpoint_timeline(store, model=name)
     finally:
         if args.store is None:

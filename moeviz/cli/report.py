@@ -113,6 +113,7 @@ def _check_report_flags(parser: argparse.ArgumentParser, args: argparse.Namespac
             "--max-chunks": args.max_chunks,
             "--max-batches": args.max_batches,
             "--store": args.store,
+            "--base": args.base,
             **_loading_flags(args),
             "--batch-size": None if args.batch_size == BATCH_SIZE else args.batch_size,
             "--chunk-tokens": None if args.chunk_tokens == REPORT_CHUNK_TOKENS else args.chunk_tokens,
@@ -137,7 +138,7 @@ def _check_report_flags(parser: argparse.ArgumentParser, args: argparse.Namespac
         if args.format == "markdown":
             parser.error("--format markdown is for one model; a checkpoint timeline prints text or json")
     else:
-        misplaced = {"--max-batches": args.max_batches, "--store": args.store}
+        misplaced = {"--max-batches": args.max_batches, "--store": args.store, "--base": args.base}
     given = [flag for flag, value in misplaced.items() if value is not None]
     if given:
         branch = "one --model" if args.checkpoints is not None else "--checkpoints"
@@ -172,7 +173,7 @@ def run_report(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    inputs = None if args.corpus is not None else prompt_inputs(args)
+    inputs = {} if args.corpus is not None else prompt_inputs(args)
     corpus = None
     if args.corpus is not None:
         from moeviz.corpus import read_corpus

@@ -5,6 +5,7 @@ checkpoint series), or with --ray `moeviz.store.distributed.write_corpus_ray` / 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,8 @@ def add_parser(commands: Any) -> None:
     )
     add_model_flags(
         trace,
-        model_help="model folder, sample:NAME, a folder of checkpoint folders, or A,B,C (checkpoint folders)",
+        model_help="model folder, sample:NAME, a folder of checkpoint folders, or A,B,C (checkpoint "
+        "folders); the checkpoints are full models or PEFT adapters of one base (see --base)",
     )
     what = trace.add_mutually_exclusive_group(required=True)
     what.add_argument("--corpus", type=Path, help=CORPUS_HELP)
@@ -55,6 +57,13 @@ def add_parser(commands: Any) -> None:
     trace.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     trace.add_argument("--label", help="model label in the store (default: from the folder name)")
     trace.add_argument("--checkpoint", default=None, help="checkpoint label for one model (default: final)")
+    trace.add_argument(
+        "--base",
+        metavar="MODEL",
+        help="a series of PEFT adapters (checkpoint-N/ folders with adapter_config.json): the base model "
+        "each is merged into, a folder or sample:NAME (default: the base their config names, if it is a "
+        "folder here); the base alone is traced too, as checkpoint 'base'",
+    )
     trace.add_argument("--confidence", action="store_true", help="also store per-token entropy and margin")
     trace.add_argument("--quiet", action="store_true", help="no progress bar")
     add_placement_flags(trace)
@@ -74,7 +83,20 @@ def add_parser(commands: Any) -> None:
         type=float,
         help="GPUs per worker (default 0); with GPUs --device-map defaults to auto",
     )
-    trace.set_defaults(run=run_trace)
+    trace.set_defaults(check=functools.partial(_check_trace_flags, trace), run=run_trace)
+
+
+def _check_trace_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--base for anything but a checkpoint series: a usage error (exit 2)."""
+    if args.base is None:
+        return
+    if args.import_files is not None:
+        parser.error("--base does not apply to --import (an import reads routing, it merges no adapter)")
+    if not _is_series(args.model):
+        parser.error(
+            "--base only applies to a series of adapters (--model a folder of checkpoint folders or A,B,C); "
+            "to merge one adapter into --model use --adapter"
+        )
 
 
 def _ray_options(args: argparse.Namespace):
@@ -107,8 +129,11 @@ def run_trace(args: argparse.Namespace) -> int:
     from moeviz.store.writer import write_corpus
 
     check_engine_flags(args)
-    if args.adapter is not None and (args.import_files or args.ray is not None or _is_series(args.model)):
-        raise InputError("--adapter merges over one model traced here: not with --import, --ray or a series")
+    if args.adapter is not None and (args.import_files or _is_series(args.model)):
+        raise InputError(
+            "--adapter merges over one model: not with --import or a series "
+            "(a series of adapters takes --base)"
+        )
     if args.import_files is not None:
         if args.engine == "vllm":
             raise InputError("--engine vllm runs a corpus through vLLM; --import reads files it wrote")
@@ -141,7 +166,14 @@ def run_trace(args: argparse.Namespace) -> int:
 
             if series:
                 write_series_ray(
-                    args.model, args.corpus, args.out, options=ray, **load_kwargs(args), **placement, **common
+                    args.model,
+                    args.corpus,
+                    args.out,
+                    options=ray,
+                    base=args.base,
+                    **load_kwargs(args),
+                    **placement,
+                    **common,
                 )
             else:
                 write_corpus_ray(
@@ -157,7 +189,9 @@ def run_trace(args: argparse.Namespace) -> int:
         elif args.engine == "vllm":
             _run_vllm(args, checkpoint, common)
         elif series:
-            write_series(args.model, args.corpus, args.out, **load_kwargs(args), **placement, **common)
+            write_series(
+                args.model, args.corpus, args.out, base=args.base, **load_kwargs(args), **placement, **common
+            )
         else:
             progress = None if args.quiet else load_progress()
             loaded = load_model(args.model, **load_kwargs(args), **placement, progress=progress)

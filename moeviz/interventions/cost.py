@@ -146,6 +146,13 @@ def prefetch_cost(timing: ForwardTiming, sequence_lengths: Sequence[int]) -> Cos
     return _priced(timing, len(lengths), sum(lengths))
 
 
+def capture_cost(timing: ForwardTiming, forward_tokens: Sequence[int]) -> CostEstimate:
+    """Plain captures: one forward per entry of `forward_tokens`, each carrying that many tokens (a batch of
+    B sequences of T tokens carries B·T)."""
+    tokens = [int(n) for n in forward_tokens]
+    return _priced(timing, len(tokens), sum(tokens))
+
+
 def sampled_seconds(work: Sequence[tuple[torch.Tensor, Callable[[torch.Tensor], object]]]) -> float:
     """Seconds `fn(tensor)` would take over every (tensor, fn) of `work`, from timing `fn` on a slice of the
     first tensor along its first dimension (at most SAMPLE_ELEMENTS elements, never fewer than one slice;

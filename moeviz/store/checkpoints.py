@@ -7,10 +7,14 @@ Per layer and checkpoint c (ordered as given, the last = final):
 - expert drift from the previous checkpoint: per expert 1 − |T^prev_e ∩ T^c_e| / |T^prev_e ∪ T^c_e|;
 - per-domain specialisation: max_e DS(e, D) and its expert;
 - the first checkpoint at which each collapse indicator crossed its warning / collapsed threshold.
+
+A series is full checkpoints (folders with config.json) or the PEFT adapters a fine-tune saved every N steps
+(folders with adapter_config.json), each merged into one base model; the base alone is then step 0.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,50 +25,218 @@ import numpy as np
 import pandas as pd
 
 from moeviz.analysis.collapse import CollapseThresholds, judges_z_loss
-from moeviz.errors import InputError
+from moeviz.errors import CheckpointSeriesError, InputError
 from moeviz.store.layout import StoreError, slug
 from moeviz.store.query import StoreQuery
 from moeviz.store.writer import TraceSettings
+
+ADAPTER_CONFIG = "adapter_config.json"  # what peft's `save_pretrained` writes (moeviz.models.adapters)
+ADAPTER_CONFIG_LIMIT = 1 << 20  # bytes: an adapter config is a few KB
+BASE_LABEL = "base"  # an adapter series' step 0: the base model alone, before any fine-tuning
 
 
 def _natural(text: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
-def resolve_series(spec: str | Path | Sequence[str | Path]) -> tuple[str, list[tuple[str, Path]]]:
-    """(series label, [(checkpoint label, folder)] in training order) from a folder of checkpoint folders
-    (sorted by name, numbers compared as numbers) or a list of folders (comma-separated or a sequence)."""
-    if isinstance(spec, (str, Path)) and "," not in str(spec):
+def _step(name: str) -> int | None:
+    """The training step a checkpoint folder's name gives: its last number (`checkpoint-500` → 500,
+    `step-00100` → 100); None when it has none."""
+    numbers = re.findall(r"\d+", name)
+    return int(numbers[-1]) if numbers else None
+
+
+def _is_adapter(folder: Path) -> bool:
+    return (folder / ADAPTER_CONFIG).is_file()
+
+
+def _is_model(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and not _is_adapter(folder)
+
+
+@dataclass(frozen=True)
+class Series:
+    """A checkpoint series resolved: its label, its checkpoints in training order as (label, folder), and,
+    for a series of adapters, the base model folder every adapter is merged into (None: full checkpoints).
+    In an adapter series each folder is an adapter, except the base's own step 0 (label `BASE_LABEL`)."""
+
+    name: str
+    checkpoints: list[tuple[str, Path]]
+    base: Path | None = None
+
+    @property
+    def adapters(self) -> bool:
+        return self.base is not None
+
+    def load_args(self, folder: Path) -> dict[str, Any]:
+        """The `moeviz.load_model` arguments of one checkpoint: {"source": folder} for a full checkpoint
+        (and the base's step 0), {"source": base, "adapter": folder} for an adapter."""
+        if self.base is not None and _is_adapter(folder):
+            return {"source": self.base, "adapter": folder}
+        return {"source": folder}
+
+
+def plan_series(
+    spec: str | Path | Sequence[str | Path], base: str | Path | None = None, *, with_base: bool = True
+) -> Series:
+    """Resolve a series (see `resolve_series`): full checkpoints, or PEFT adapters over one base."""
+    if isinstance(spec, Path) or (isinstance(spec, str) and "," not in spec):  # a Path is one folder
         folder = Path(spec)
         if not folder.is_dir():
             raise InputError(f"checkpoint series {folder} is not a folder")
-        if (folder / "config.json").is_file():
+        if _is_model(folder):
             raise InputError(
                 f"{folder} is one model, not a series: give a folder of checkpoint folders or A,B,C"
             )
-        children = sorted(
-            (p for p in folder.iterdir() if (p / "config.json").is_file()), key=lambda p: _natural(p.name)
-        )
+        children = [p for p in folder.iterdir() if p.is_dir()]
+        models = [p for p in children if _is_model(p)]
+        adapters = [p for p in children if _is_adapter(p)]
+        if adapters:
+            if models:
+                raise CheckpointSeriesError(
+                    f"{folder} holds full checkpoints ({models[0].name}, …) and adapters "
+                    f"({adapters[0].name}, …): a series is one or the other; give the folders of one kind"
+                )
+            return _adapter_series(slug(folder.name), adapters, base, with_base, ordered=False)
+        if _is_adapter(folder):
+            raise InputError(f"{folder} is one adapter, not a series: give a folder of adapter checkpoints")
+        _no_base(folder, base)
+        children = sorted(models, key=lambda p: _natural(p.name))
         if len(children) < 2:
             raise InputError(
                 f"{folder} holds {len(children)} checkpoint folder(s) (with config.json); need ≥ 2"
             )
-        return slug(folder.name), [(slug(p.name), p) for p in children]
-    items = (
-        [Path(s.strip()) for s in str(spec).split(",") if s.strip()] if isinstance(spec, str) else list(spec)
-    )
+        return Series(slug(folder.name), [(slug(p.name), p) for p in children])
+    items = [Path(s.strip()) for s in spec.split(",") if s.strip()] if isinstance(spec, str) else list(spec)
     folders = [Path(p) for p in items]
+    parents = {p.resolve().parent.name for p in folders}
+    name = slug(parents.pop()) if len(parents) == 1 else "series"
+    adapters = [p for p in folders if _is_adapter(p)]
+    if adapters:
+        models = [p for p in folders if not _is_adapter(p)]
+        if models:
+            raise CheckpointSeriesError(
+                f"the series mixes adapters ({adapters[0]}) with checkpoints that are not ({models[0]}): "
+                "a series is all full checkpoints or all adapters of one base"
+            )
+        return _adapter_series(name, folders, base, with_base, ordered=True)
     if len(folders) < 2:
         raise InputError(f"a checkpoint series needs at least 2 checkpoints, got {len(folders)}")
     for path in folders:
         if not (path / "config.json").is_file():
             raise InputError(f"checkpoint {path} is not a model folder (no config.json)")
+    _no_base(folders[0].parent, base)
+    return Series(name, list(zip(_labels(folders), folders, strict=True)))
+
+
+def _labels(folders: list[Path]) -> list[str]:
     labels = [slug(p.name) for p in folders]
     if len(set(labels)) != len(labels):
         labels = [f"{i:03d}-{label}" for i, label in enumerate(labels)]
-    parents = {p.resolve().parent.name for p in folders}
-    name = slug(parents.pop()) if len(parents) == 1 else "series"
-    return name, list(zip(labels, folders, strict=True))
+    return labels
+
+
+def _no_base(where: Path, base: str | Path | None) -> None:
+    if base is not None:
+        raise CheckpointSeriesError(
+            f"{where} holds full checkpoints, not adapters: a base model applies only to a series of adapters"
+        )
+
+
+def _adapter_series(
+    name: str, adapters: list[Path], base: str | Path | None, with_base: bool, *, ordered: bool
+) -> Series:
+    """An adapter series: in the given order (`ordered`) or by the step number in each folder's name."""
+    if not ordered:
+        unnumbered = [p.name for p in adapters if _step(p.name) is None]
+        if unnumbered:
+            raise CheckpointSeriesError(
+                f"adapter folder {unnumbered[0]!r} has no step number in its name (checkpoint-500, "
+                "step-00100): its place in training is unknown; give the adapters in order as A,B,C"
+            )
+        adapters = sorted(adapters, key=lambda p: (_step(p.name), _natural(p.name)))
+    first: dict[str, Path] = {}  # each declared base → the first adapter declaring it
+    for adapter in adapters:
+        first.setdefault(_declared_base(adapter), adapter)
+    first.pop("", None)
+    if len(first) > 1:
+        (da, a), (db, b) = list(first.items())[:2]
+        raise CheckpointSeriesError(
+            f"the adapters are of different bases ({a.name}: {da!r}, {b.name}: {db!r}): a series is one "
+            "fine-tune of one base"
+        )
+    folder = _base_folder(base, next(iter(first), ""), adapters[0].parent)
+    labels = _labels(adapters)
+    if with_base and BASE_LABEL in labels:
+        raise CheckpointSeriesError(
+            f"an adapter folder is named {BASE_LABEL!r}, the label of the base's own step 0: rename it"
+        )
+    checkpoints = [*([(BASE_LABEL, folder)] if with_base else []), *zip(labels, adapters, strict=True)]
+    if len(checkpoints) < 2:
+        raise InputError(f"a checkpoint series needs at least 2 checkpoints, got {len(checkpoints)}")
+    return Series(name, checkpoints, base=folder)
+
+
+def _declared_base(adapter: Path) -> str:
+    """The base an adapter's config names (`base_model_name_or_path`), "" when none."""
+    path = adapter / ADAPTER_CONFIG
+    try:
+        if path.stat().st_size > ADAPTER_CONFIG_LIMIT:
+            raise CheckpointSeriesError(f"adapter {adapter}: {ADAPTER_CONFIG} is too large to be a config")
+        config = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        raise CheckpointSeriesError(f"adapter {adapter}: {ADAPTER_CONFIG} is not readable JSON") from None
+    value = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    return value if isinstance(value, str) else ""
+
+
+def _base_folder(base: str | Path | None, declared: str, where: Path) -> Path:
+    """The base model folder: `base` (a folder or `sample:NAME`), else the one the adapters declare if it is
+    a model folder here."""
+    from moeviz.models.loading import resolve_source
+
+    if base is None:
+        candidate = Path(declared).expanduser() if declared else None
+        if candidate is None or not (candidate / "config.json").is_file():
+            named = f"base {declared!r}, not a model folder here" if declared else "no base"
+            raise CheckpointSeriesError(
+                f"the adapters in {where} declare {named}: give the base model (base=, --base)"
+            )
+        return candidate
+    folder = resolve_source(base)
+    if not _is_model(folder):
+        raise CheckpointSeriesError(f"base {base} is not a model folder (no config.json, or an adapter)")
+    return folder
+
+
+def adapter_series_base(spec: str | Path | Sequence[str | Path]) -> str | None:
+    """None when `spec` is not a series of adapters (full checkpoints, or nothing readable: `resolve_series`
+    says what is wrong); else the base its first adapter declares ("" when none), to offer as the base."""
+    if isinstance(spec, Path) or (isinstance(spec, str) and "," not in spec):  # a Path is one folder
+        folder = Path(spec)
+        parts = sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+    else:
+        parts = (
+            [Path(p.strip()) for p in spec.split(",")] if isinstance(spec, str) else [Path(p) for p in spec]
+        )
+    adapter = next((p for p in parts if _is_adapter(p)), None)
+    return None if adapter is None else _declared_base(adapter)
+
+
+def resolve_series(
+    spec: str | Path | Sequence[str | Path], base: str | Path | None = None, *, with_base: bool = True
+) -> tuple[str, list[tuple[str, Path]]]:
+    """(series label, [(checkpoint label, folder)] in training order) from a folder of checkpoint folders
+    (sorted by name, numbers compared as numbers) or a list of folders (comma-separated or a sequence).
+
+    The checkpoints are full models (each folder with config.json) or PEFT LoRA adapters (each with
+    adapter_config.json, as a Trainer saves `checkpoint-<step>/` every N steps), never both. Adapters are
+    ordered by the step number in their folder names (given as A,B,C: as given) and merged into one base:
+    `base` (a folder or `sample:NAME`), else the `base_model_name_or_path` they all declare, if that is a
+    model folder here. The base alone is step 0, labelled `BASE_LABEL` ("base"), unless not `with_base`.
+    `plan_series` gives the base too (`Series.load_args`: what to load for each checkpoint)."""
+    series = plan_series(spec, base, with_base=with_base)
+    return series.name, series.checkpoints
 
 
 def write_series(
@@ -76,20 +248,23 @@ def write_series(
     settings: TraceSettings | None = None,
     resume: bool = False,
     progress: bool = True,
+    base: str | Path | None = None,
     **load_options: Any,
 ) -> tuple[str, list[str]]:
     """Trace every checkpoint of a series on the same corpus plan into `store`; returns (model label,
     checkpoint labels in order). Each checkpoint is loaded (`moeviz.load_model(folder, **load_options)`:
-    dtype, device, device_map, ...), traced and released in turn."""
+    dtype, device, device_map, ...; an adapter as `load_model(base, adapter=folder)`, so its run records
+    the adapter), traced and released in turn. `base`: the base model of a series of adapters
+    (`resolve_series`)."""
     import gc
 
     from moeviz.models import load_model
     from moeviz.store.writer import write_corpus
 
-    name, checkpoints = resolve_series(spec)
-    name = model or name
-    for index, (label, folder) in enumerate(checkpoints):
-        loaded = load_model(folder, **load_options)
+    series = plan_series(spec, base)
+    name = model or series.name
+    for index, (label, folder) in enumerate(series.checkpoints):
+        loaded = load_model(**series.load_args(folder), **load_options)
         write_corpus(
             loaded,
             corpus,
@@ -103,7 +278,7 @@ def write_series(
         )
         del loaded
         gc.collect()
-    return name, [label for label, _ in checkpoints]
+    return name, [label for label, _ in series.checkpoints]
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,9 @@ per worker in flight, so memory stays bounded), and appends each finished part t
 finishes the run as `write_corpus` does: the store is the one a single process writes, and `--resume`
 continues a run started with or without Ray. Manifest lines are in completion order (readers key them by
 batch). Every worker must see the store folder at the same path (a shared filesystem on a cluster).
+
+A PEFT adapter (`adapter=`, each checkpoint of an adapter series) is merged into the base on every worker;
+the driver records what the first worker merged (`ModelInfo.adapter`) in run.json, as `write_corpus` does.
 """
 
 from __future__ import annotations
@@ -23,8 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from moeviz.errors import InputError, MoevizError
-from moeviz.store.layout import MANIFEST_FILE, RunInfo, StoreError, append_manifest
+from moeviz.store.layout import (
+    MANIFEST_FILE,
+    RUN_FILE,
+    RunInfo,
+    StoreError,
+    append_manifest,
+    check_label,
+    run_dir,
+)
 from moeviz.store.plan import Batch
+from moeviz.store.run_file import read_run_file
 from moeviz.store.writer import (
     TraceSettings,
     batch_table,
@@ -105,10 +117,12 @@ class TraceWorker:
         except MoevizError as exc:
             self.error = exc
 
-    def ready(self) -> None:
-        """Returns once the model is loaded; raises the MoevizError that stopped it loading."""
+    def ready(self) -> str:
+        """Returns once the model is loaded: the adapter merged into it (`ModelInfo.adapter`, "" for none);
+        raises the MoevizError that stopped it loading."""
         if self.error is not None:
             raise self.error
+        return self.loaded.info.adapter
 
     def trace(
         self, folder: str, batch: Batch, model: str, checkpoint: str, confidence: bool
@@ -127,8 +141,9 @@ def _unwrap(exc: BaseException) -> BaseException:
     return cause if isinstance(cause, MoevizError) else exc
 
 
-def _start_workers(ray, source: str, options: RayOptions, load_kwargs: dict[str, Any]) -> list:
-    """`options.workers` actors, each loading the model; waits until all have loaded it."""
+def _start_workers(ray, source: str, options: RayOptions, load_kwargs: dict[str, Any]) -> tuple[list, str]:
+    """`options.workers` actors, each loading the model; waits until all have loaded it. Returns them and
+    the adapter they merged ("" for none)."""
     actor = ray.remote(TraceWorker).options(
         num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker
     )
@@ -136,12 +151,50 @@ def _start_workers(ray, source: str, options: RayOptions, load_kwargs: dict[str,
         actor.remote(str(source), options.cpus_per_worker, load_kwargs) for _ in range(options.workers)
     ]
     try:
-        ray.get([w.ready.remote() for w in workers])
+        adapters = ray.get([w.ready.remote() for w in workers])
     except Exception as exc:
         for worker in workers:
             ray.kill(worker)
         raise _unwrap(exc) from None
-    return workers
+    return workers, adapters[0]
+
+
+def _adapter_as_given(merged: str, adapter: str) -> str:
+    """The merged adapter's record (`AdapterInfo` JSON) with its folder as given, not the absolute path the
+    workers loaded it from: what `write_corpus` records, so either path can resume the other's run."""
+    import dataclasses
+
+    from moeviz.models.adapters import AdapterInfo
+
+    info = AdapterInfo.from_json(merged)
+    return "" if info is None else dataclasses.replace(info, path=adapter).to_json()
+
+
+def _check_before_loading(
+    store: Path, model: str, checkpoint: str, config: dict[str, Any], resume: bool, adapter: str | None
+) -> None:
+    """`check_run` before any worker loads the model. An adapter's record names the modules the merge
+    changed, known only once merged: here a recorded adapter is compared by its folder, after the merge
+    (`writing_run`) in full."""
+    expected = config
+    if adapter is not None:
+        check_label(model, "model")
+        check_label(checkpoint, "checkpoint")
+        run_file = run_dir(store, model, checkpoint) / RUN_FILE
+        recorded = read_run_file(run_file).get("adapter") if run_file.is_file() else None
+        expected = {**config, "adapter": recorded if _adapter_folder(recorded) == adapter else adapter}
+    check_run(store, model, checkpoint, expected, resume)
+
+
+def _adapter_folder(recorded: Any) -> str | None:
+    """The folder of a recorded adapter (None when there is none, or it is unreadable)."""
+    from moeviz.models.adapters import AdapterInfo
+
+    try:
+        info = AdapterInfo.from_json(recorded) if isinstance(recorded, str) else None
+    except MoevizError:
+        return None
+    return None if info is None else info.path
 
 
 def write_corpus_ray(
@@ -162,13 +215,15 @@ def write_corpus_ray(
     trust_remote_code: bool = False,
     dtype: str = "auto",
     device: str = "auto",
+    adapter: str | Path | None = None,
 ) -> RunInfo:
     """`write_corpus` with the model loaded and run on `options.workers` Ray actors (see the module doc).
 
     `source` is what `moeviz.load_model` takes (a folder every worker can read, or `sample:NAME`);
-    `device_map` / `offload_folder` / `max_memory` / `dtype` / `device` go to it (GPU workers default to
-    `device_map="auto"`). Returns the run, row for row the one `write_corpus` writes on the same device
-    type."""
+    `device_map` / `offload_folder` / `max_memory` / `dtype` / `device` / `adapter` (a PEFT adapter folder
+    merged into `source`, recorded in run.json) go to it (GPU workers default to `device_map="auto"`, except
+    with an adapter, which merges on the worker's own device). Returns the run, row for row the one
+    `write_corpus` writes on the same device type."""
     from moeviz.models.loading import SAMPLE_PREFIX, read_source
 
     ray = require_ray()
@@ -182,21 +237,26 @@ def write_corpus_ray(
     if info.tokenizer is None:
         raise StoreError("tracing a corpus needs a model with a tokenizer")
     config = run_config(source, info.model_type, info.max_length, corpus, settings, checkpoint_index)
-    check_run(store, model, checkpoint, config, resume)
-    if device_map is None and options.gpus_per_worker > 0:
+    given = None if adapter is None else str(Path(adapter).expanduser())  # as load_model records it
+    _check_before_loading(store, model, checkpoint, config, resume, given)
+    if device_map is None and options.gpus_per_worker > 0 and adapter is None:
         device_map = "auto"  # Ray hands each actor its GPUs; without a map the model would stay on CPU
     load_kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "dtype": dtype, "device": device}
     if device_map is not None:
         offload = None if offload_folder is None else str(Path(offload_folder).resolve())
         load_kwargs.update(device_map=device_map, offload_folder=offload, max_memory=max_memory)
+    if given is not None:
+        load_kwargs["adapter"] = str(Path(given).resolve())
     # workers may run in another working directory: they get an absolute path, run.json the source as given
     # (as the single-process path records it, so either path can --resume the other's run)
     text = str(source)
     load_source = text if text.startswith(SAMPLE_PREFIX) else str(Path(text).resolve())
 
     with ray_session(options):
-        workers = _start_workers(ray, load_source, options, load_kwargs)
+        workers, merged = _start_workers(ray, load_source, options, load_kwargs)
         try:
+            if given is not None and merged:
+                config["adapter"] = _adapter_as_given(merged, given)
             with writing_run(store, model, checkpoint, config, resume) as (folder, done):
                 batches = plan_batches(corpus, info.tokenizer, config, settings)
                 total, layers = _dispatch(
@@ -294,24 +354,26 @@ def write_series_ray(
     resume: bool = False,
     progress: bool = True,
     options: RayOptions | None = None,
+    base: str | Path | None = None,
     **load_options: Any,
 ) -> tuple[str, list[str]]:
     """`write_series` on Ray: each checkpoint in turn on all workers (one Ray session for the series).
-    `load_options` (device_map, offload_folder, max_memory, dtype, device, trust_remote_code) go to
-    `write_corpus_ray`.
+    `base`: the base model of a series of adapters (`moeviz.store.checkpoints.plan_series`); each adapter
+    is merged into it on the workers and recorded in its run. `load_options` (device_map, offload_folder,
+    max_memory, dtype, device, trust_remote_code) go to `write_corpus_ray`.
 
     Returns (model label, checkpoint labels in order)."""
-    from moeviz.store.checkpoints import resolve_series
+    from moeviz.store.checkpoints import plan_series
 
     options = options or RayOptions()
-    name, checkpoints = resolve_series(spec)
-    name = model or name
+    series = plan_series(spec, base)  # a series that is not one fine-tune is refused before Ray starts
+    name = model or series.name
     with ray_session(options):
-        for index, (label, folder) in enumerate(checkpoints):
+        for index, (label, folder) in enumerate(series.checkpoints):
             write_corpus_ray(
-                folder,
-                corpus,
-                store,
+                corpus=corpus,
+                store=store,
+                **series.load_args(folder),
                 model=name,
                 checkpoint=label,
                 checkpoint_index=index,
@@ -321,4 +383,4 @@ def write_series_ray(
                 options=options,
                 **load_options,
             )
-    return name, [label for label, _ in checkpoints]
+    return name, [label for label, _ in series.checkpoints]

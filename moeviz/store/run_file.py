@@ -33,7 +33,7 @@ RUN_KEYS: dict[str, tuple[tuple[type | None, ...], int]] = {
     "checkpoint_index": ((int,), 0),
     "total_batches": ((int, None), 0),
 }
-OPTIONAL_KEYS = {"layers", "sha256"}
+OPTIONAL_KEYS = {"layers", "sha256", "adapter"}
 LAYER_KEYS = {"layer", "site", "num_experts", "k", "score_fn", "bias"}
 
 

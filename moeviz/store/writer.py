@@ -41,7 +41,7 @@ from moeviz.store.run_file import read_run_file, run_file_bytes
 from moeviz.store.schema import trace_table
 
 # settings that must match for --resume to continue a run (anything else would mix two different runs)
-RESUME_KEYS = ("source", "corpus_id", "chunk_tokens", "batch_size", "max_batches", "confidence")
+RESUME_KEYS = ("source", "adapter", "corpus_id", "chunk_tokens", "batch_size", "max_batches", "confidence")
 
 
 # Parquet dictionary encoding for the columns with few distinct values per part; the float columns (weight,
@@ -455,6 +455,8 @@ def write_corpus(
     config = run_config(
         loaded.info.source, loaded.info.model_type, loaded.max_length, corpus, settings, checkpoint_index
     )
+    if getattr(loaded.info, "adapter", ""):  # the PEFT adapter merged over the source (AdapterInfo JSON)
+        config["adapter"] = loaded.info.adapter
     with writing_run(store, model, checkpoint, config, resume) as (folder, done):
 
         def rows(trace, batch: Batch) -> pa.Table:

@@ -111,8 +111,9 @@ def test_busy_server_shows_the_busy_message(app_env, monkeypatch) -> None:
 
 
 def test_runners_of_gone_sessions_are_stopped(app_env, monkeypatch) -> None:
-    """Streamlit has no session-end hook: a sweep stops the runner of a session disconnected for longer
-    than Streamlit keeps it for a reconnect, and forgets it; a connected session's runner is left alone."""
+    """Streamlit has no session-end hook: a sweep stops the runners of a session disconnected for longer
+    than Streamlit keeps it for a reconnect (its Lab run and its fine-tune), and forgets them; a connected
+    session's runners are left alone."""
     from components import lab
 
     class Runner:
@@ -121,12 +122,15 @@ def test_runners_of_gone_sessions_are_stopped(app_env, monkeypatch) -> None:
         def stop(self, wait=None) -> None:
             self.stopped = True
 
-    gone, here = Runner(), Runner()
-    monkeypatch.setattr(lab, "_REGISTRY", {"gone": lab._Entry(gone, 0.0), "here": lab._Entry(here, 0.0)})
+    runners = {(session, kind): Runner() for session in ("gone", "here") for kind in ("lab", "finetune")}
+    registry = {key: lab._Entry(runner, 0.0) for key, runner in runners.items()}
+    monkeypatch.setattr(lab, "_REGISTRY", registry)
     monkeypatch.setattr(lab, "_connected", lambda session_id: session_id == "here")
-    assert lab.sweep(now=lab.GRACE_S / 2) == [] and not gone.stopped  # a reconnect may still come
+    assert lab.sweep(now=lab.GRACE_S / 2) == [] and not any(r.stopped for r in runners.values())
     assert lab.sweep(now=lab.GRACE_S + 1) == ["gone"]
-    assert gone.stopped and not here.stopped and list(lab._REGISTRY) == ["here"]
+    stopped = [key for key, runner in runners.items() if runner.stopped]
+    assert stopped == [("gone", "lab"), ("gone", "finetune")]
+    assert list(lab._REGISTRY) == [("here", "lab"), ("here", "finetune")]
 
 
 def test_the_page_shows_the_memory_a_run_needs_and_refuses_one_above_the_budget(app_env, monkeypatch) -> None:

@@ -51,6 +51,7 @@ STEP_CHARTS = {
     "collapse": "Load per expert, MoE layer",  # opens where the three differ most
     "bias": "Load with and without the bias, MoE layer",  # opens where the bias matters most
     "shared": "each expert processes, layer 1",
+    "finetune": "New-domain loss",  # its numbers: tests/app/test_app_learn_finetune.py
     "deployment": None,
 }
 
@@ -71,8 +72,8 @@ def test_every_step_renders_with_its_what_to_notice_line() -> None:
         else:
             chart_rows(at, STEP_CHARTS[step])  # the step's chart, read as its own test reads it
     at.button(key="learn_prev").click().run()
-    assert at.session_state["learn_step"] == "shared"
-    assert at.segmented_control(key="learn_step_widget").value == "shared"
+    assert at.session_state["learn_step"] == "finetune"
+    assert at.segmented_control(key="learn_step_widget").value == "finetune"
     at.button(key="learn_next").click().run()
     assert at.session_state["learn_step"] == "deployment"
     at.session_state["learn_step"] = "router"

@@ -131,7 +131,9 @@ def test_compare_explains_a_different_tokenizer(tmp_path) -> None:
         compare_a="sample:mixtral-healthy-series/step-00100",
         compare_b="sample:mixtral-healthy-series/step-01000",
     )
-    assert chart_count(at) == 4  # load A, load B, agreement, load shift
+    # load A, load B, agreement, load shift; one lineage, so what B changed from A (4 more)
+    assert chart_count(at) == 8
+    assert "What the fine-tune did" in [h.value for h in at.subheader]
     assert not at.warning
 
 

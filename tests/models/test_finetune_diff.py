@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -161,3 +162,217 @@ def test_the_command_prints_the_same_numbers(sides, result, capsys) -> None:
     assert "router_delta" in text and f"LoRA r={RANK}" in text and "balance:" in text
     assert main(["finetune-diff", "--model", str(base_dir), "--token-ids", ids]) == 2
     assert "give --adapter DIR" in capsys.readouterr().err
+
+
+# ---- per domain: which experts took it ---------------------------------------------------------------
+DOMAINS = ["code", "prose"]  # the domain of each sequence of TOKENS
+
+
+def dispatch_table(trace) -> pd.DataFrame:
+    """One row per dispatched slot: layer, domain, expert (written apart from moeviz, from the trace's
+    arrays and its tokens' seq)."""
+    seqs = trace.tokens["seq"].to_numpy()
+    parts = []
+    for routing in trace.layers:
+        k = routing.experts.shape[1]
+        parts.append(
+            pd.DataFrame(
+                {
+                    "layer": routing.layer,
+                    "token": np.repeat(routing.token_rows, k),
+                    "domain": [DOMAINS[s] for s in np.repeat(seqs[routing.token_rows], k)],
+                    "expert": routing.experts.reshape(-1),
+                }
+            )
+        )
+    table = pd.concat(parts, ignore_index=True)
+    return table[table["expert"] >= 0]
+
+
+def groupby_shares(trace) -> pd.Series:
+    """share of (layer, domain, expert) = its slots / the domain's slots at that layer, by groupby."""
+    table = dispatch_table(trace)
+    counts = table.groupby(["layer", "domain", "expert"]).size()
+    return counts / counts.groupby(level=["layer", "domain"]).transform("sum")
+
+
+@pytest.fixture(scope="module")
+def by_domain(sides):
+    _, _, base, tuned, wb, wt = sides
+    return finetune_diff(base, tuned, base_weights=wb, tuned_weights=wt, seq_domains=DOMAINS, draws=2000)
+
+
+def test_domain_shares_equal_a_groupby_of_the_dispatch(sides, by_domain) -> None:
+    _, _, base, tuned, _, _ = sides
+    frame = by_domain.domain_shift.set_index(["layer", "domain", "expert"])
+    before, after = groupby_shares(base), groupby_shares(tuned)
+    full = pd.MultiIndex.from_product(
+        [[r.layer for r in base.layers], DOMAINS, range(base.layers[0].num_experts)],
+        names=["layer", "domain", "expert"],
+    )
+    assert frame.index.sort_values().equals(full)
+    before, after = before.reindex(full, fill_value=0.0), after.reindex(full, fill_value=0.0)
+    np.testing.assert_allclose(frame.loc[full, "share_base"], before)
+    np.testing.assert_allclose(frame.loc[full, "share_tuned"], after)
+    np.testing.assert_allclose(frame.loc[full, "shift"], after - before)
+    assert (frame["tokens"] == 96).all()  # one sequence of 96 tokens per domain
+    assert frame["shift"].abs().max() > 0  # the adapter moved something
+
+
+def test_domain_bands_are_a_paired_bootstrap_over_the_domains_tokens(sides, by_domain) -> None:
+    _, _, base, tuned, _, _ = sides
+    rng = np.random.default_rng(11)
+    draws, level = 2000, by_domain.level
+    seqs = base.tokens["seq"].to_numpy()
+    for x, y in zip(base.layers, tuned.layers, strict=True):
+        e = x.num_experts
+        for d, name in enumerate(DOMAINS):
+            rows = np.flatnonzero(seqs[x.token_rows] == d)
+            picks = rows[rng.integers(0, len(rows), size=(draws, len(rows)))]
+            spread = []
+            for p in picks:
+                cb, ca = hand_counts(y.experts[p], e), hand_counts(x.experts[p], e)
+                spread.append(cb / cb.sum() - ca / ca.sum())
+            low, high = np.quantile(np.stack(spread), [(1 - level) / 2, (1 + level) / 2], axis=0)
+            shift = by_domain.domain_shift
+            got = shift[(shift["layer"] == x.layer) & (shift["domain"] == name)]
+            np.testing.assert_allclose(got["shift_low"], low, atol=0.012)
+            np.testing.assert_allclose(got["shift_high"], high, atol=0.012)
+            np.testing.assert_array_equal(got["took"], (got["shift_low"] > 0) & (got["shift"] > 0))
+            np.testing.assert_array_equal(got["left"], got["shift_high"] < 0)
+    took = by_domain.took_domains()
+    assert len(took) == int(by_domain.domain_shift["took"].sum()) and (took["shift"] > 0).all()
+
+
+def test_specialisation_before_and_after_by_hand(sides, by_domain) -> None:
+    """ds = max_e #{t ∈ D : e ∈ S_t} / #{t ∈ D} of each trace, by groupby over unique (token, expert)."""
+    _, _, base, tuned, _, _ = sides
+    spec = by_domain.specialisation.set_index(["layer", "domain"])
+    for side, trace in (("base", base), ("tuned", tuned)):
+        table = dispatch_table(trace).drop_duplicates(["layer", "token", "expert"])
+        per = table.groupby(["layer", "domain", "expert"]).size() / 96
+        ds = per.groupby(level=["layer", "domain"]).max()
+        top = per.groupby(level=["layer", "domain"]).idxmax().map(lambda key: key[2])
+        np.testing.assert_allclose(spec.loc[ds.index, f"ds_{side}"], ds)
+        assert spec.loc[top.index, f"top_expert_{side}"].tolist() == top.tolist()
+    np.testing.assert_allclose(spec["ds_change"], spec["ds_tuned"] - spec["ds_base"])
+    took = by_domain.domain_shift.groupby(["layer", "domain"])["took"].sum()
+    assert spec.loc[took.index, "took"].tolist() == took.tolist()
+    k, e = base.layers[0].k, base.layers[0].num_experts
+    assert (spec["baseline"] == k / e).all()
+
+
+def test_no_change_pair_takes_no_domain(sides) -> None:
+    """Base vs base: every shift 0 and every band [0, 0]. Base vs its own routing shuffled within each
+    domain (the same per-domain counts, other tokens): shift 0, bands with a spread that still hold 0."""
+    import dataclasses
+
+    from moeviz.analysis.finetune_diff import domain_shift_frame
+
+    _, _, base, _, _, _ = sides
+    same = domain_shift_frame(base, base, DOMAINS, draws=300)
+    assert (same["shift"] == 0).all() and not same["took"].any() and not same["left"].any()
+    assert (same["shift_low"] == 0).all() and (same["shift_high"] == 0).all()
+    rng = np.random.default_rng(5)
+    seqs = base.tokens["seq"].to_numpy()
+    layers = []
+    for routing in base.layers:
+        order = np.arange(len(routing.experts))
+        for d in range(len(DOMAINS)):
+            rows = np.flatnonzero(seqs[routing.token_rows] == d)
+            order[rows] = rng.permutation(rows)
+        layers.append(dataclasses.replace(routing, experts=routing.experts[order]))
+    shuffled = dataclasses.replace(base, layers=layers)
+    frame = domain_shift_frame(base, shuffled, DOMAINS, draws=500)
+    np.testing.assert_allclose(frame["shift"], 0, atol=1e-12)
+    assert ((frame["shift_low"] <= 0) & (frame["shift_high"] >= 0)).all()
+    assert (frame["shift_high"] - frame["shift_low"]).max() > 0  # a real spread, not a degenerate band
+    assert not frame["took"].any()
+
+
+def test_too_few_domain_labels_are_refused(sides) -> None:
+    _, _, base, tuned, _, _ = sides
+    with pytest.raises(InputError, match="cannot label the tokens by domain"):
+        finetune_diff(base, tuned, seq_domains=["code"])
+
+
+@pytest.fixture(scope="module")
+def with_tokenizer(tiny_model_dir, tmp_path_factory):
+    """(base folder with the mixtral sample's tokenizer, a LoRA adapter over it)."""
+    import shutil
+
+    from moeviz.models.loading import sample_models_dir
+
+    base_dir = tiny_model_dir(FAMILY, vocab_size=2048)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(sample_models_dir() / "mixtral-healthy" / name, base_dir / name)
+    adapter = save_adapter(tmp_path_factory.mktemp("ft") / "lora", rank=RANK, seed=3, vocab_size=2048)
+    return base_dir, adapter
+
+
+def test_the_command_on_a_corpus_prints_the_domain_frame(with_tokenizer, tmp_path, capsys) -> None:
+    """`finetune-diff --corpus`: the JSON's domain frames equal finetune_diff on the corpus's windows
+    captured here (cut by the corpus reader and the tokenizer directly)."""
+    from moeviz.cli import main
+    from moeviz.corpus import chunk_token_ids, read_corpus
+
+    base_dir, adapter = with_tokenizer
+    corpus = tmp_path / "corpus.jsonl"
+    texts = {"code": "def f(x):\n    return x * 2\n" * 12, "prose": "The cat sat on the mat today. " * 12}
+    corpus.write_text("".join(json.dumps({"domain": d, "text": t}) + "\n" for d, t in texts.items()))
+    argv = ["finetune-diff", "--model", str(base_dir), "--adapter", str(adapter), "--corpus", str(corpus)]
+    common = ["--chunk-tokens", "64", "--draws", "200", "--shuffles", "20"]
+    assert main([*argv, *common, "--format", "json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+
+    base = moeviz.load_model(base_dir)
+    windows, labels = [], []
+    for doc in read_corpus(corpus):
+        chunks = chunk_token_ids(base.tokenizer(doc.text)["input_ids"], 64)
+        windows += chunks
+        labels += [doc.domain] * len(chunks)
+    tuned = moeviz.load_model(base_dir, adapter=adapter)
+    traces = [moeviz.capture(m, token_ids=windows) for m in (base, tuned)]
+    direct = finetune_diff(*traces, seq_domains=labels, draws=200, shuffles=20)
+    got = pd.DataFrame(payload["domain_shift"])
+    for column in ("share_base", "share_tuned", "shift", "shift_low", "shift_high"):
+        np.testing.assert_allclose(got[column], direct.domain_shift[column], atol=1e-12)
+    assert got["took"].tolist() == direct.domain_shift["took"].tolist()
+    spec = pd.DataFrame(payload["specialisation"])
+    np.testing.assert_allclose(spec["ds_base"], direct.specialisation["ds_base"])
+    np.testing.assert_allclose(spec["ds_tuned"], direct.specialisation["ds_tuned"])
+    assert set(spec["domain"]) == set(texts)
+
+    assert main([*argv, *common]) == 0
+    text = capsys.readouterr().out
+    assert "took the domain" in text and "specialisation per domain" in text
+    assert main([*argv, "--max-chunks", "0"]) == 2
+    assert "--max-chunks must be >= 1" in capsys.readouterr().err
+
+
+def test_the_snippet_gives_the_sections_numbers(with_tokenizer) -> None:
+    """`snippets.finetune_view` run as code: `diff` and `by_domain` equal finetune_diff of captures made
+    here (the evaluation corpus one capture per domain, labelled by `eval_batch`)."""
+    from moeviz.samples import DOMAINS, eval_batch
+    from moeviz.snippets import SnippetInput, finetune_view
+
+    base_dir, adapter = with_tokenizer
+    text = "def f(x):\n    return x * 2\n"
+    code = finetune_view(
+        SnippetInput(str(base_dir), text=text),
+        SnippetInput(str(base_dir), text=text, load_kwargs={"adapter": str(adapter)}),
+        domains=True,
+    )
+    names: dict = {}
+    exec(code, names)
+    base, tuned = moeviz.load_model(base_dir), moeviz.load_model(base_dir, adapter=adapter)
+    weights = {"base_weights": router_weights(base), "tuned_weights": router_weights(tuned)}
+    diff = finetune_diff(moeviz.capture(base, text), moeviz.capture(tuned, text), **weights)
+    pd.testing.assert_frame_equal(names["diff"].load_shift, diff.load_shift)
+    pd.testing.assert_frame_equal(names["diff"].router_delta, diff.router_delta)
+    batch = eval_batch(base)
+    windows = [[i for i, d in zip(batch.token_ids, batch.domains, strict=True) if d == x] for x in DOMAINS]
+    corpus = [moeviz.Trace.concat([moeviz.capture(m, token_ids=w) for w in windows]) for m in (base, tuned)]
+    by_domain = finetune_diff(*corpus, seq_domains=batch.domains, **weights)
+    pd.testing.assert_frame_equal(names["by_domain"].domain_shift, by_domain.domain_shift)
+    pd.testing.assert_frame_equal(names["by_domain"].specialisation, by_domain.specialisation)

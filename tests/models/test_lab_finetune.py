@@ -1,6 +1,7 @@
 """The Lab's fine-tuning (moeviz.lab.finetune) on the bundled healthy Mixtral sample: what each mode may
 change, LoRA's zero start, the saved folders reopened by peft and by moeviz, the router mismatch against two
-independent moeviz captures, the refusals, and the runner with its memory estimate.
+independent moeviz captures, the refusals, and the runner under the Lab's limits: training slots shared
+with Lab runs, the memory budget, the pause limit and the training state released when it ends.
 
 Runs are tiny (2–3 steps of 2 × 16 tokens) so the module takes seconds; speeds per mode are measured by
 benchmarks/bench_finetune.py.
@@ -9,13 +10,15 @@ benchmarks/bench_finetune.py.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 import pytest
 import torch
 
 import moeviz
-from moeviz.errors import InputError
+from moeviz.errors import InputError, LabBusy, LabTooLarge
+from moeviz.lab import LabConfig, LabRunner
 from moeviz.lab.finetune import (
     LORA_TARGETS,
     FinetuneConfig,
@@ -26,6 +29,7 @@ from moeviz.lab.finetune import (
     start_config,
     trainable_count,
 )
+from moeviz.lab.runner import PAUSE_LIMIT, active_runs
 from moeviz.models.sites import find_moe_sites
 
 SAMPLE = "sample:mixtral-healthy"
@@ -220,3 +224,75 @@ def test_the_labs_own_model_fine_tunes_in_every_mode():
         assert run.experts == 4 and run.history()["router_mismatch"].notna().sum() == 3
     with pytest.raises(InputError, match="LoRA rank 5 is larger than the router"):
         FinetuneRun(dataclasses.replace(config, lora_rank=5), start)  # the Lab's router is 4 × 16
+
+
+def _wait_for(condition, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_fine_tunes_and_lab_runs_share_the_servers_training_slots(monkeypatch):
+    """MOEVIZ_LAB_MAX_RUNS counts Lab runs and fine-tunes together: with one slot, either kind holding it
+    refuses the other until it ends."""
+    monkeypatch.setenv("MOEVIZ_LAB_MAX_RUNS", "1")
+    lab = LabRunner(LabConfig(experts=4, k=2, d_model=16, layers=1, batch=2, seq=16, steps=5_000))
+    lab.start()
+    try:
+        with pytest.raises(LabBusy, match="busy: 1 trainings are running"):
+            FinetuneRunner([dataclasses.replace(TINY, mode="router")]).start()
+    finally:
+        lab.stop(wait=30)
+    fine_tune = FinetuneRunner([dataclasses.replace(TINY, mode="router", steps=5_000)])
+    fine_tune.start()
+    try:
+        assert active_runs() == 1
+        with pytest.raises(LabBusy, match="busy: 1 trainings are running"):
+            LabRunner(LabConfig(steps=2)).start()
+    finally:
+        fine_tune.stop(wait=60)
+    assert fine_tune.state == "stopped" and active_runs() == 0
+
+
+def test_a_fine_tune_counts_against_the_labs_memory_budget(monkeypatch):
+    """The runner's estimate is the largest mode's training plus the other modes' fp32 weights
+    (`memory_needed`); above the budget it is refused before it starts, and the memory a Lab run holds
+    counts against it."""
+    configs = [dataclasses.replace(TINY, mode=mode) for mode in ("router", "full")]
+    model_config = start_config(TINY)
+    needs = [memory_needed(config, model_config) for config in configs]
+    expected = needs[1].total + 4 * needs[0].parameters  # full trains; router's model is kept beside it
+    runner = FinetuneRunner(configs)
+    assert runner.memory.total == expected
+    monkeypatch.setenv("MOEVIZ_LAB_MEMORY_GIB", str(expected / 2**30 / 2))
+    with pytest.raises(LabTooLarge, match="MOEVIZ_LAB_MEMORY_GIB"):
+        runner.start()
+    monkeypatch.setenv("MOEVIZ_LAB_MEMORY_GIB", str(1.5 * expected / 2**30))
+    monkeypatch.setenv("MOEVIZ_LAB_MAX_RUNS", "4")
+    lab = LabRunner(LabConfig(experts=4, k=2, d_model=16, layers=1, batch=2, seq=16, steps=5_000))
+    monkeypatch.setattr(lab, "memory", dataclasses.replace(lab.memory, activations=expected))
+    lab.start()
+    try:
+        with pytest.raises(LabBusy, match=r"hold ≈ .* GiB of the .* GiB allowed"):
+            FinetuneRunner(configs).start()
+    finally:
+        lab.stop(wait=30)
+    assert active_runs() == 0
+
+
+def test_a_paused_fine_tune_times_out_and_every_run_lets_go_of_its_training_state():
+    """Paused past its limit, a fine-tune stops like a Lab run; the finished mode and the one paused keep
+    their weights but no gradients and no AdamW state."""
+    configs = [dataclasses.replace(TINY, mode="router", steps=2), dataclasses.replace(TINY, steps=5_000)]
+    assert FinetuneRunner(configs).pause_limit == LabRunner(LabConfig()).pause_limit == PAUSE_LIMIT
+    runner = FinetuneRunner(configs, pause_limit=0.3)
+    runner.start()
+    _wait_for(lambda: len(runner.runs) == 2 and runner.runs[1].steps_done >= 1)
+    runner.pause()
+    runner.join(timeout=60)
+    assert runner.state == "stopped" and "paused" in runner.note and "released" in runner.note
+    assert active_runs() == 0 and [run.config.mode for run in runner.runs] == ["router", "lora"]
+    for run in runner.runs:
+        assert run.optimizer is None and all(p.grad is None for p in run.model.parameters())
+    assert runner.runs[1].loaded_model().sites  # the weights stay for the other pages

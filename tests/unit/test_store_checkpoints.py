@@ -3,11 +3,13 @@ and the corpus writers' shared run keywords. The store against real captures is 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
 from moeviz.analysis import saturation_timeline
-from moeviz.store.checkpoints import checkpoint_timeline, render_timeline
+from moeviz.store.checkpoints import adapter_series_base, checkpoint_timeline, plan_series, render_timeline
 from moeviz.store.writer import write_trace
 from moeviz.trace import Trace
 from tests.support.traces import make_layer, make_trace
@@ -96,3 +98,15 @@ def test_every_corpus_writer_takes_the_run_keywords_first():
         mine = [p.default for p in keywords[: len(RUN_KEYWORDS)]]
         assert defaults is None or mine == defaults, writer.__name__
         defaults = mine
+
+
+def test_a_path_with_a_comma_in_its_name_is_one_folder_of_checkpoints(tmp_path):
+    folder = tmp_path / "run,v2"
+    for step in ("step-10", "step-2"):
+        (folder / step).mkdir(parents=True)
+        (folder / step / "config.json").write_text("{}")
+    series = plan_series(Path(folder))
+    # numbers in the names compare as numbers: step-2 before step-10
+    assert series.checkpoints == [("step-2", folder / "step-2"), ("step-10", folder / "step-10")]
+    assert series.base is None
+    assert adapter_series_base(Path(folder)) is None  # full checkpoints, not adapters
