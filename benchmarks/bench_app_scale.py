@@ -29,6 +29,9 @@ leaves out the new prompts (measurement 1) after the first, which only loads the
 `--profile` prints, per app, where the browser spent one layer switch (a CPU profile, self time by script).
 
     python benchmarks/bench_app_scale.py [--base DIR] [--variants svg raster] [--skip-submit] [--profile]
+
+The figures are recorded (`benchmarks/record.py`) with the command run; a base checkout is named BASE there
+(e.g. `git worktree add /tmp/base HEAD`, then `--base /tmp/base`).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ import moeviz
 import tests.support.server as server
 from benchmarks.bench_app import _WAIT_JS as WAIT_JS
 from benchmarks.bench_app import REPEATS, SETTLE_MS, TIMEOUT_MS, caption_says, prompts, submit
+from benchmarks.record import Figure, record
 from tests.support.scale_models import save_scale_model
 from tests.support.server import CHROMIUM, CHROMIUM_ARGS, running_app
 
@@ -208,11 +212,10 @@ def drilldown_action(app: App) -> tuple[Callable, Callable]:
     return prepare, lambda: app.page.get_by_text(DRILLDOWN_TOGGLE).click()
 
 
-def report(name: str, samples: dict[str, list[Sample]], target: float | None) -> dict[str, float]:
+def report(name: str, samples: dict[str, list[Sample]], target: float | None) -> dict[str, list[Sample]]:
     """Print one interaction's medians and spreads per app (wall, browser CPU, server CPU, each chart's
-    last redraw); the wall medians."""
+    last redraw); → the samples."""
     print(f"{name}", flush=True)
-    medians = {}
     for app, values in samples.items():
         wall = [s.wall for s in values]
         verdict = "" if target is None else ("PASS" if max(wall) < target else "MISS") + f" (< {target} s)"
@@ -233,8 +236,7 @@ def report(name: str, samples: dict[str, list[Sample]], target: float | None) ->
         )
         if drawn:
             print(f"  {'':<8} last redraw, ms after the action (median): {drawn}", flush=True)
-        medians[app] = statistics.median(wall)
-    return medians
+    return samples
 
 
 def profile_switch(app: App) -> None:
@@ -244,23 +246,29 @@ def profile_switch(app: App) -> None:
     app.cdp.send("Profiler.setSamplingInterval", {"interval": 200})
     app.cdp.send("Profiler.start")
     app.timed(switch_action(app, "ArrowRight"), HEATMAP_CHANGED)
-    profile = app.cdp.send("Profiler.stop")["profile"]
+    print_profile(f"{app.name}: self time of one layer switch", app.cdp.send("Profiler.stop")["profile"])
+
+
+def print_profile(heading: str, profile: dict) -> None:
+    """Print the self time of the browser's main thread in a DevTools CPU profile, ms by script, then by
+    function."""
     nodes = {n["id"]: n for n in profile["nodes"]}
-    deltas = collections.Counter()
+    deltas: collections.Counter = collections.Counter()
     for node_id, delta in zip(profile["samples"], profile["timeDeltas"], strict=True):
         deltas[node_id] += delta
-    by_script, by_function = collections.Counter(), collections.Counter()
+    by_script: collections.Counter = collections.Counter()
+    by_function: collections.Counter = collections.Counter()
     for node_id, micros in deltas.items():
         frame = nodes[node_id]["callFrame"]
         script = frame["url"].rsplit("/", 1)[-1] or f"({frame['functionName'] or 'native'})"
         by_script[script] += micros / 1000
         function = f"{frame['functionName'] or '(anonymous)'} {script}:{frame['lineNumber']}"
         by_function[function] += micros / 1000
-    print(f"  {app.name}: self time of one layer switch, ms by script:", flush=True)
+    print(f"  {heading}, ms by script, then by function:", flush=True)
     for script, ms in by_script.most_common(8):
         print(f"    {ms:8.0f}  {script}")
-    for fn, ms in by_function.most_common(10):
-        print(f"    {ms:8.0f}  {fn[:100]}")
+    for function, ms in by_function.most_common(12):
+        print(f"    {ms:8.0f}  {function[:100]}")
 
 
 @contextlib.contextmanager
@@ -304,9 +312,11 @@ def interleaved(apps: list[App], steps: list[Callable[[App], Sample]]) -> dict[s
     return out
 
 
-def measure(apps: list[App], texts: list[str], quiet: list[int], skip_submit: bool, profile: bool) -> None:
+def measure(
+    apps: list[App], texts: list[str], quiet: list[int], skip_submit: bool, profile: bool
+) -> dict[str, dict[str, list[Sample]]]:
     """Every interaction on every app, interleaved; `quiet`: experts outside the top-N of the first MoE
-    layer, least loaded first."""
+    layer, least loaded first. → {interaction: {app: samples}} of the interactions with a target."""
     t0 = time.perf_counter()
     cells = "document.querySelector('.st-key-heatmap canvas, .st-key-heatmap svg.marks') !== null"
     for app in apps:
@@ -328,7 +338,7 @@ def measure(apps: list[App], texts: list[str], quiet: list[int], skip_submit: bo
             for key in ("ArrowRight", "ArrowRight", "ArrowRight", "Home")
         ],
     )
-    report(f"switch MoE layer → heatmap ({TOKENS:,} tokens)", switches, 0.5)
+    walls = {"layer switch": report(f"switch MoE layer → heatmap ({TOKENS:,} tokens)", switches, 0.5)}
 
     def select(label: str, option: str):
         def step(app: App) -> Sample:
@@ -338,19 +348,60 @@ def measure(apps: list[App], texts: list[str], quiet: list[int], skip_submit: bo
         return step
 
     sorts = interleaved(apps, [select("Sort experts by", o) for o in ("^load", "^id", "^load", "^id")])
-    report("sort the experts (load / id) → heatmap", sorts, 0.5)
+    walls["sort change"] = report("sort the experts (load / id) → heatmap", sorts, 0.5)
     picks = interleaved(apps, [select("Expert", rf"^{e} · ") for e in quiet[:3]])
-    report("pick an expert outside the top-N → heatmap", picks, 0.5)
+    walls["expert pick"] = report("pick an expert outside the top-N → heatmap", picks, 0.5)
 
     def drilldown(app: App) -> Sample:
         prepare, action = drilldown_action(app)
         return app.timed(action, DRILLDOWN_DRAWN, prepare)
 
     opened = interleaved(apps, [drilldown] * 3)
-    report("open the token's drill-down (toggle) → drawn", opened, 0.5)
+    walls["token drill-down"] = report("open the token's drill-down (toggle) → drawn", opened, 0.5)
     if profile:
         for app in apps:
             profile_switch(app)
+    return walls
+
+
+TARGET_S = 0.5  # each interaction, from the end of the action to the chart drawn (median over repeats)
+WHAT = {  # interaction -> what the figure measures
+    "layer switch": "switch the MoE layer → heatmap redrawn",
+    "sort change": "sort the experts (load / id) → heatmap redrawn",
+    "expert pick": "pick an expert outside the top-N → heatmap redrawn",
+    "token drill-down": "open a token's drill-down (every layer × expert) → drawn",
+}
+
+
+def figures(walls: dict[str, dict[str, list[Sample]]], args: argparse.Namespace) -> list[Figure]:
+    """One Figure per interaction: this checkout's wall seconds and the browser's CPU seconds (median,
+    min–max; its first variant), the base's beside them when measured; met = the wall median within
+    TARGET_S."""
+
+    def stat(xs: list[float]) -> str:
+        return f"{statistics.median(xs):.2f} s ({min(xs):.2f}–{max(xs):.2f})"
+
+    def text(samples: list[Sample]) -> str:
+        return f"{stat([s.wall for s in samples])}, browser CPU {stat([s.browser_cpu for s in samples])}"
+
+    command = "python benchmarks/bench_app_scale.py" + (" --base BASE" if args.base else "")
+    command += " --skip-submit" if args.skip_submit else ""
+    rows = []
+    for name, by_app in walls.items():
+        mine = by_app[args.variants[0]]
+        shown = text(mine) + (f"; base {text(by_app['base'])}" if "base" in by_app else "")
+        what = f"Routing page at scale (DeepSeek-V3 shape, 256 experts, 58 MoE layers, {TOKENS:,} tokens): "
+        rows.append(
+            Figure(
+                "The app in a browser",
+                what + WHAT[name],
+                shown,
+                command,
+                target=f"≤ {TARGET_S} s",
+                met=statistics.median(s.wall for s in mine) <= TARGET_S,
+            )
+        )
+    return rows
 
 
 VARIANTS = {"svg": str(10**12), "raster": None}  # MOEVIZ_RASTER_ABOVE of each (None: the library's)
@@ -394,8 +445,9 @@ def main() -> None:
         with sync_playwright() as pw, contextlib.ExitStack() as stack:
             running = [stack.enter_context(app_server(n, repo, folder, env, pw)) for n, repo, env in apps]
             print("apps: " + ", ".join(f"{n} ({repo}, {env})" for n, repo, env in apps), flush=True)
-            measure(running, texts, quiet, args.skip_submit, args.profile)
+            walls = measure(running, texts, quiet, args.skip_submit, args.profile)
         print(f"load average at the end {os.getloadavg()[0]:.1f}")
+    record("bench_app_scale", figures(walls, args))
 
 
 if __name__ == "__main__":

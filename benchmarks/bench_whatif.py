@@ -2,8 +2,9 @@
 
 Targets: expert parallelism < 2 s (also at E = 256 on 32 GPUs with 32 redundant slots), all cache
 policies at one C < 5 s, capacity replay for 4 CFs < 2 s. CPU time (`time.process_time`, one torch/numpy
-thread) over 3 interleaved repeats, median and spread. Each simulator that changed since `--baseline` (a git
-revision) also runs as it was there, side by side on the same routes, with the ratio of the medians.
+thread) over 3 interleaved repeats, median and spread. The capacity replay also runs as it was at `--baseline`
+(a git revision), side by side on the same routes, with the ratio of the medians; its three frames, under both
+drop policies, must be identical to the baseline's (checked and recorded).
 The routing is synthetic but shaped like real routing: Zipf-skewed expert popularity and temporal locality
 (a token repeats its predecessor's experts half of the time), so caches and placements have something to
 find. Reading the store into `Routes` is timed separately.
@@ -30,10 +31,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from record import Figure, flags, record
 
 from moeviz.store.layout import append_manifest
 from moeviz.store.schema import store_schema
 from moeviz.store.writer import finish_run, prepare_run
+from moeviz.testing.scale_traces import SYNTHETIC_RUN
 from moeviz.whatif.capacity import replay_capacity
 from moeviz.whatif.ep import EPConfig, simulate_ep
 from moeviz.whatif.offload import POLICIES, simulate_offload_policies
@@ -43,6 +46,8 @@ LAYERS, K, SEQ = 8, 2, 1024
 CHUNK = 65536
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = "52d47fb"  # the revision before the capacity replay counted drops by level
+CAPACITY_BASELINE = "3f7f090"  # the capacity replay before it sorted packed keys a few groups at a time
+TARGETS = {"expert parallelism": 2.0, "offload cache": 5.0, "capacity replay": 2.0}  # s, by name prefix
 
 
 def baseline_module(revision: str, path: str) -> types.ModuleType:
@@ -76,19 +81,7 @@ def synthetic_experts(rng: np.random.Generator, tokens: int, experts: int) -> np
 
 def write_store(root: Path, tokens: int, experts: int) -> None:
     rng = np.random.default_rng(0)
-    config = {  # a complete run file, as `moeviz.store.run_file` checks it
-        "source": "synthetic",
-        "model_type": "synthetic",
-        "corpus": None,
-        "corpus_id": "synthetic",
-        "chunk_tokens": None,
-        "batch_size": 1,
-        "max_batches": None,
-        "confidence": False,
-        "checkpoint_index": 0,
-        "total_batches": None,
-    }
-    folder, _ = prepare_run(root, "synthetic", "final", config, resume=False)
+    folder, _ = prepare_run(root, "synthetic", "final", dict(SYNTHETIC_RUN), resume=False)
     layers = []
     for layer in range(LAYERS):
         chosen = synthetic_experts(rng, tokens, experts)
@@ -133,6 +126,15 @@ def write_store(root: Path, tokens: int, experts: int) -> None:
     finish_run(folder, LAYERS, layers)
 
 
+def identical_frames(new, was) -> bool:
+    """Two CapacityResults with equal frames: same columns, dtypes, index and values, bit for bit."""
+    return all(
+        getattr(new, frame)().equals(getattr(was, frame)())
+        and getattr(new, frame)().index.equals(getattr(was, frame)().index)
+        for frame in ("layers_frame", "experts_frame", "position_frame")
+    )
+
+
 def timed(fn) -> float:
     start = time.process_time()
     fn()
@@ -146,7 +148,7 @@ def main() -> None:
     parser.add_argument("--cache", type=int, default=4)
     parser.add_argument("--gpus", type=int, default=None, help="default 4 (2 when E is not a multiple)")
     parser.add_argument("--gpus-per-node", type=int, default=2)
-    parser.add_argument("--baseline", default=BASELINE, help="git revision to compare with")
+    parser.add_argument("--baseline", default=CAPACITY_BASELINE, help="git revision to compare with")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -181,10 +183,11 @@ def main() -> None:
             routes, cfs, policy="position"
         ),
     }
-    same = (
-        replay_capacity(routes, cfs, policy="probs")
-        .layers_frame()
-        .equals(old_capacity.replay_capacity(routes, cfs, policy="probs").layers_frame())
+    same = all(
+        identical_frames(
+            replay_capacity(routes, cfs, policy=p), old_capacity.replay_capacity(routes, cfs, policy=p)
+        )
+        for p in ("probs", "position")
     )
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(3):  # interleaved
@@ -192,6 +195,8 @@ def main() -> None:
             times[name].append(timed(run))
     shape = f"E={args.experts}, k={K}, sequences of {SEQ}"
     print(f"{routes.tokens:,} routed tokens × {len(routes.layers)} layers, {shape}")
+    figures = []
+    command = f"python benchmarks/bench_whatif.py{flags(parser, args)}"
     for name, values in {"read the store into Routes": read, **times}.items():
         spread = f"{min(values):.2f}–{max(values):.2f}"
         ratio = ""
@@ -200,7 +205,25 @@ def main() -> None:
                 f"; today's is {statistics.median(times[name[: -len(old)]]) / statistics.median(values):.2f}×"
             )
         print(f"  {name}: {statistics.median(values):.2f} s CPU (spread {spread}){ratio}")
-    print(f"  capacity replay (probs) per-layer frame identical to {args.baseline}'s: {same}")
+        median = statistics.median(values)
+        target = next((limit for prefix, limit in TARGETS.items() if name.startswith(prefix)), None)
+        if name.endswith(old):
+            target = None  # the baseline is the peer, not a contender for the target
+        figures.append(
+            Figure(
+                "Deployment what-ifs",
+                f"{name}, {routes.tokens:,} routed tokens × {len(routes.layers)} layers, {shape}",
+                f"{median:.2f} s CPU ({spread}){ratio}",
+                command,
+                f"< {target:g} s" if target else "",
+                median < target if target else None,
+            )
+        )
+    identical = f"capacity replay frames (layers, experts, positions; both policies) = [{args.baseline}]'s"
+    print(f"  {identical}: {same}")
+    answer = "identical" if same else "DIFFERENT"
+    figures.append(Figure("Deployment what-ifs", f"{identical}, {shape}", answer, command, "identical", same))
+    record("whatif" if args.experts == 8 else f"whatif_e{args.experts}", figures)
 
 
 if __name__ == "__main__":

@@ -106,8 +106,29 @@ def expert_axis(
     num_experts = int(load["expert"].max()) + 1 if len(load) else 0
     if not at_scale(num_experts):
         return ExpertAxis.by_id(num_experts)
-    sorts = [s for s in SORTS if s != "coactivation" or coactivation is not None]
     a, b, c = st.columns([2, 1, 3])
+    by, top_n, order = _sort_and_top_n(load, coactivation, a, b)
+    with c:
+        expert = pick_expert(load, order, label)
+    return _axis(load, order, by, top_n, expert)
+
+
+def ordered_axis(
+    load: pd.DataFrame, expert: int, coactivation: Callable[[], np.ndarray | pd.DataFrame] | None = None
+) -> ExpertAxis:
+    """The expert axis at scale (over 20 experts) with its expert chosen apart (`pick_expert`, drawn before
+    by the caller): sort and top-N in one row. A page can then draw these two and the views that list the
+    experts in a fragment of their own, which a sort or a new top-N reruns alone, and the picker with the
+    views that show the chosen expert outside it."""
+    a, b, _ = st.columns([2, 1, 3])
+    by, top_n, order = _sort_and_top_n(load, coactivation, a, b)
+    return _axis(load, order, by, top_n, expert)
+
+
+def _sort_and_top_n(load: pd.DataFrame, coactivation, a, b) -> tuple[str, int, np.ndarray]:
+    """The sort picker in column `a`, the top-N in `b`; → (sort key, top-N, every expert in that order)."""
+    num_experts = int(load["expert"].max()) + 1
+    sorts = [s for s in SORTS if s != "coactivation" or coactivation is not None]
     with a:
         by = kept(
             "expert_sort",
@@ -129,10 +150,14 @@ def expert_axis(
             help="Experts the per-expert views list (the busiest N, in the order chosen).",
         )
     order = expert_order(load, by=by, coactivation=coactivation() if by == "coactivation" else None)
-    with c:
-        expert = pick_expert(load, order, label)
+    return by, top_n, order
+
+
+def _axis(load: pd.DataFrame, order: np.ndarray, by: str, top_n: int, expert: int) -> ExpertAxis:
+    """The axis of `order` listing the `top_n` busiest experts and `expert`."""
     busiest = set(expert_order(load, by="load")[:top_n].tolist()) | {expert}
     shown = [int(e) for e in order if e in busiest]
+    num_experts = int(load["expert"].max()) + 1
     return ExpertAxis(
         order=[int(e) for e in order], shown=shown, expert=expert, by=by, num_experts=num_experts
     )

@@ -161,3 +161,29 @@ def band_text(spread: dict[str, tuple[float, float, float]], name: str, fmt: str
         return ""
     value, low, high = spread[name]
     return f". 90% bootstrap band: {fmt.format(value)} ({fmt.format(low)}–{fmt.format(high)})"
+
+
+CHARTS_KEPT = 24  # built charts a `ChartMemo` keeps (a few layers × sorts × chosen experts; small frames)
+
+
+class ChartMemo:
+    """The per-layer charts at scale already built, by everything they are built from: a sort back, a
+    layer seen again or an interaction that leaves a chart's inputs alone (a sort and the token strip)
+    reuses the chart instead of building it again. Least recently used dropped past `kept`. A chart is
+    shown as it is (`exports.show_chart` only re-dresses it for the page), so reusing it is exact."""
+
+    def __init__(self, kept: int = CHARTS_KEPT) -> None:
+        self.kept = kept
+        self.charts: collections.OrderedDict[tuple, object] = collections.OrderedDict()
+        self.built = 0  # charts built (not reused), for the tests
+
+    def get(self, key: tuple, build):
+        """The chart of `key` (hashable: every input of the chart), `build()` on first use."""
+        if key in self.charts:
+            self.charts.move_to_end(key)
+            return self.charts[key]
+        chart = self.charts[key] = build()
+        self.built += 1
+        while len(self.charts) > self.kept:
+            self.charts.popitem(last=False)
+        return chart

@@ -2,6 +2,7 @@
 
 import streamlit as st
 from components import caches, exports, page_input, pickers, prompt, share, widgets
+from streamlit.delta_generator import DeltaGenerator
 
 from moeviz import snippets
 from moeviz.charts import (
@@ -42,8 +43,9 @@ st.caption(
 
 
 # At scale (a 61-layer model) the page summarises only the layers its head grid shows, GRID_LAYERS at a
-# time, each layer once per window (cached in the capture); the head map and its metrics come first, before
-# the grid's summaries, so the page paints as soon as one head is computed.
+# time, each layer once per window (cached in the capture). Nothing is summarised before the head's map is
+# drawn: the browser paints the title and the map while the server computes the summaries, then the map's
+# metrics (its own layer) and the grid fill in.
 GRID_LAYERS = 12
 HEAD_GRID_KEYS = [f"heads_{metric}_chart" for metric in HEAD_METRICS]
 
@@ -69,7 +71,8 @@ def grid_layers() -> list[int]:
 # what-if inputs redraw the what-if.
 @st.fragment
 def heads_and_map(shown: list[int]) -> None:
-    """The head grid (the shown layers × every head) and one head's map; the map first."""
+    """The head grid (the shown layers × every head) and one head's map: the map first, then its metrics,
+    then the grid (drawn above it)."""
     window = widgets.number(
         "Local window W (tokens)",
         "attention_window",
@@ -81,12 +84,15 @@ def heads_and_map(shown: list[int]) -> None:
     grid = st.container()  # above the map, filled after it
     # the grid's click of the last run (its charts are drawn below, after the map)
     clicked = pickers.clicked_head(*(st.session_state.get(key) for key in HEAD_GRID_KEYS))
-    head_map(window, clicked)
+    layer, head, metrics = head_map(window, clicked)
+    geometry: dict = {}  # the block masks of this window, shared by every layer summarised in this run
+    with metrics:
+        head_metrics(layer, head, window, geometry)
     with grid:
-        head_grid(window, shown)
+        head_grid(window, shown, geometry)
 
 
-def head_grid(window: int, shown: list[int]) -> None:
+def head_grid(window: int, shown: list[int], geometry: dict) -> None:
     """The head grid of the `shown` layers, summarised layer by layer with a progress bar."""
     st.subheader("Every head at a glance")
     todo = [layer for layer in shown if not att.has_statistics(layer, window)]
@@ -94,7 +100,7 @@ def head_grid(window: int, shown: list[int]) -> None:
         bar = st.progress(0.0, text="Summarising the heads…")
         for i, layer in enumerate(todo):  # fills the capture's cache, layer by layer, with progress
             bar.progress(i / len(todo), text=f"Summarising the heads of layer {layer}…")
-            att.token_statistics(layer, window, 0)
+            att.token_statistics(layer, window, 0, geometry)
         bar.empty()
     heads = att.subset(shown).head_summary(window)
     if len(shown) < len(att.map_layers):
@@ -116,9 +122,9 @@ def head_grid(window: int, shown: list[int]) -> None:
     exports.table_downloads(heads, "head_summary")
 
 
-def head_map(window: int, clicked: tuple[int, int] | None) -> None:
+def head_map(window: int, clicked: tuple[int, int] | None) -> tuple[int, int, DeltaGenerator]:
     """One head's map: a window of rect cells, or (over RASTER_ABOVE cells: the whole sequence at scale)
-    one image; its metrics from its own layer's summary."""
+    one image, drawn before any summary. → (layer, head, the container its metrics go in)."""
     st.subheader("One head's map", anchor="map")
     layer, head = pickers.pick_head(att.map_layers, att.layers[att.map_layers[0]].num_heads, clicked)
     sizes = WINDOW_SIZES + ([num_tokens] if num_tokens > WINDOW_SIZES[-1] else [])
@@ -140,13 +146,11 @@ def head_map(window: int, clicked: tuple[int, int] | None) -> None:
     rows = range(*token_window(num_tokens, max_tokens=size, start=r0))
     cols = range(*token_window(num_tokens, max_tokens=size, start=c0))
     block = att.block(layer, head, seq, rows=list(rows), cols=list(cols))
-    picked = att.subset([layer]).head_summary(window)
-    picked = picked[picked["head"] == head].iloc[0]
     # log by default: over hundreds of keys the weights are ~1/T, one flat grey on a 0–1 scale
     shade = st.radio(
         "Colour", list(MAP_SCALES), format_func=MAP_SCALES.get, horizontal=True, key="attention_map_scale"
     )
-    heading = f"Layer {layer}, head {head} ({picked['kind']})"
+    heading = f"Layer {layer}, head {head}"
     raster = use_raster(len(rows), len(cols))
     if raster:
         exports.show_chart(
@@ -160,13 +164,7 @@ def head_map(window: int, clicked: tuple[int, int] | None) -> None:
         "key j, recomputed exactly from the captured queries and keys for this window only (never kept). "
         "Rows are normalised over all keys, so a window's row may sum to less than 1; future keys are 0."
     )
-    m1, m2, m3, m4 = st.columns(4)
-    m1.metric("Entropy", f"{picked['mean_entropy']:.2f} nats", help=HEAD_METRICS["mean_entropy"][2])
-    m2.metric(
-        "Mean distance", f"{picked['mean_mean_distance']:.1f}", help=HEAD_METRICS["mean_mean_distance"][2]
-    )
-    m3.metric("Sink mass", f"{picked['mean_sink_mass']:.0%}", help=HEAD_METRICS["mean_sink_mass"][2])
-    m4.metric("Local mass", f"{picked['mean_local_mass']:.0%}", help=HEAD_METRICS["mean_local_mass"][2])
+    metrics = st.container()  # filled once the head's layer is summarised, after the map is sent
     if not raster:
         exports.table_downloads(cells, f"attention_L{layer}_H{head}")
     share.reproduce(
@@ -184,6 +182,26 @@ def head_map(window: int, clicked: tuple[int, int] | None) -> None:
         ),
         "the head grid, this head's map and the KV-cache what-if",
     )
+    return layer, head, metrics
+
+
+def head_metrics(layer: int, head: int, window: int, geometry: dict) -> None:
+    """The mapped head's kind and mean statistics, from its own layer's summary (computed if not cached)."""
+    att.token_statistics(layer, window, 0, geometry)
+    picked = att.subset([layer]).head_summary(window)
+    picked = picked[picked["head"] == head].iloc[0]
+    m0, m1, m2, m3, m4 = st.columns(5)
+    m0.metric(
+        "Kind",
+        picked["kind"],
+        help="sink: mean sink mass > 0.5; local: mean local mass > 0.5 (window W); else global.",
+    )
+    m1.metric("Entropy", f"{picked['mean_entropy']:.2f} nats", help=HEAD_METRICS["mean_entropy"][2])
+    m2.metric(
+        "Mean distance", f"{picked['mean_mean_distance']:.1f}", help=HEAD_METRICS["mean_mean_distance"][2]
+    )
+    m3.metric("Sink mass", f"{picked['mean_sink_mass']:.0%}", help=HEAD_METRICS["mean_sink_mass"][2])
+    m4.metric("Local mass", f"{picked['mean_local_mass']:.0%}", help=HEAD_METRICS["mean_local_mass"][2])
 
 
 @st.fragment

@@ -1,10 +1,11 @@
 """Routing: which experts each token of a prompt (or of a routing file) was sent to, layer by layer, and one
 token in detail."""
 
+import altair as alt
 import streamlit as st
 from components import caches, expert_axis, exports, page_input, pickers, share, widgets
-from components.routing_frames import band_text, layer_line
-from components.scale import trace_at_scale
+from components.routing_frames import ChartMemo, band_text, layer_line
+from components.scale import at_scale, trace_at_scale
 
 from moeviz import snippets
 from moeviz.analysis import (
@@ -16,6 +17,7 @@ from moeviz.analysis import (
 from moeviz.charts import (
     attention_row_chart,
     attention_row_frame,
+    bin_size,
     binned_dispatch_heatmap,
     expert_timeline_chart,
     layer_expert_heatmap,
@@ -34,6 +36,10 @@ MAX_TOKENS = 200  # tokens per heatmap window
 MAX_KEYS = 200  # keys shown of a token's attention row
 SCALE_TOKENS = 64  # tokens per heatmap window over 20 experts (× the top-N experts: the browser draws each)
 SCALE_BINS = 50  # bins of the whole-input overview over 20 experts
+# The load curve at scale (E points, each with a tooltip) without the per-mark work the browser does through
+# Vega's CSP-safe expression interpreter on every layer switch: ARIA descriptions (an SVG's screen-reader text
+# per point; the caption says what the curve shows) and the filter of invalid values (all finite here).
+LIGHT_MARKS = alt.Config(aria=False, mark=alt.MarkConfig(invalid=None))
 
 st.title("Routing")
 source = pickers.model_picker()
@@ -57,6 +63,17 @@ page_input.not_shown(
     top1="the token strip (top-1 expert) and the top-1 line of the token's path",
 )
 num_tokens = max(trace.layer(layer, site).logits.shape[0] for site, layer in trace.layer_keys)  # per layer
+# The per-layer charts at scale already built in this session, by their inputs (`ChartMemo`): a sort
+# leaves the strip and the load curve alone, a sort back or a layer seen again finds its heatmaps built.
+MEMO = st.session_state.setdefault("routing_chart_memo", ChartMemo())
+
+
+def memo(name: str, axis: expert_axis.ExpertAxis, key: tuple, build):
+    """`build()`, or at scale the chart of (`name`, this input, `key`) already built (`ChartMemo`)."""
+    if not axis.at_scale:  # up to 20 experts every layer's frames are at hand and the charts small
+        return build()
+    return MEMO.get((name, chosen.key, num_tokens, WINDOW, lo, SCORES, RANKED, *key), build)
+
 
 # Each interaction reruns only the fragment that shows it: a layer switch redraws the layer's views, a
 # clicked cell redraws the heatmap and its token, an expert choice redraws the timeline. Widgets that
@@ -77,33 +94,71 @@ lo, _ = token_window(num_tokens, max_tokens=WINDOW, start=start)
 
 @st.fragment
 def layer_views() -> None:
-    """The chosen MoE layer: the expert axis (over 20 experts: sort, top-N, searchable picker), binned
-    overview, token strip (at scale by expert group or id, the chosen expert outlined), the score heatmap of
-    the shown experts with its drill-down, expert load."""
+    """The chosen MoE layer: the expert axis (over 20 experts: searchable picker, then sort and top-N),
+    binned overview, token strip (at scale by expert group or id, the chosen expert outlined, below the
+    heatmap), the score heatmap of the shown experts with its drill-down, expert load."""
     site, layer = pickers.pick_layer(trace)
     st.caption(layer_line(layer, frames.layer_balance(site, layer)))
     load = frames.layer_load(site, layer)
     # the layer's busiest expert, unless one was chosen by hand on this model (a kept id may be dead here)
     pickers.default_expert(pickers.input_model(chosen), pickers.busiest_expert(load))
-    axis = expert_axis.expert_axis(load, lambda: coactivation_pair_counts(trace, layer, site))
+    if not at_scale(trace.layer(layer, site).num_experts):
+        axis = ordered_views(site, layer, load, None)
+    else:
+        # At scale the picker sits outside the views a sort changes (`ordered_views`, a fragment of its own:
+        # a sort or a new top-N reruns the two heatmaps alone); the chosen expert is shown by every view
+        # (a row of the heatmaps, the strip's outline, the curve's mark), so a pick reruns them all.
+        picker, _ = st.columns([3, 3])
+        with picker:
+            expert = expert_axis.pick_expert(load)
+        axis = ordered_fragment(site, layer, load, expert)
+        if RANKED:  # below the heatmap: the same window of tokens
+            token_strip(site, layer, axis)
+    load_view(site, layer, axis)
+    if not axis.at_scale:
+        reproduce(site, layer, axis)
+
+
+def ordered_views(site: str, layer: int, load, expert: int | None) -> expert_axis.ExpertAxis:
+    """The views that list the experts in the axis's order (binned overview, score heatmap with its
+    drill-down) and the axis itself: at scale (`expert` chosen) its sort and top-N; up to 20 experts every
+    expert by id, and the token strip between them. → the axis."""
+    if expert is None:
+        axis = expert_axis.expert_axis(load)
+    else:
+        axis = expert_axis.ordered_axis(load, expert, lambda: coactivation_pair_counts(trace, layer, site))
     scores = frames.layer_scores(site, layer, axis.shown)
-    # Overview and strip sit above the heatmap but are drawn after it: the heatmap, what a layer switch is
-    # for, reaches the browser first. Both heatmaps take the expert order from their data (`order_in_data`):
-    # a sort or a picked expert changes their data alone, which the browser patches into the drawn charts.
+    # Overview (and up to 20 experts the strip) sit above the heatmap but are drawn after it: the heatmap,
+    # what a layer switch is for, reaches the browser first. Both heatmaps take the expert order from their
+    # data (`order_in_data`): a sort or a picked expert changes their data alone, which the browser patches
+    # into the drawn charts.
+    # At scale the charts' specs do not change with the layer or the chosen expert (titles name no layer —
+    # the slider and the line above do —, sizes and subtitles depend on the top-N alone, the chosen expert
+    # is a column of the data): the browser then swaps the data into the charts it has drawn instead of
+    # building new ones, most of what a layer switch cost there.
     above = st.container()
     heatmap_and_token(site, layer, axis, scores)
     with above:
         if num_tokens > WINDOW:
-            binned = binned_dispatch_heatmap(
-                scores, max_bins=BINS, title=f"Dispatch over the whole input, layer {layer}"
-            )
+            top_n = int(st.session_state.get("expert_top_n", len(axis.shown)))
             exports.show_chart(
-                exports.many_marks(order_in_data(binned, axis.shown), BINS * len(axis.shown)),
+                memo(
+                    "binned",
+                    axis,
+                    (site, layer, tuple(axis.shown), top_n),
+                    lambda: binned_view(scores, layer, axis),
+                ),
                 "binned",
             )
-        if RANKED:  # its colour is each token's top-1 expert (`not_shown` says so otherwise)
+        if RANKED and not axis.at_scale:  # its colour is each token's top-1 expert (else `not_shown` says)
             token_strip(site, layer, axis)
-    load_view(site, layer, axis)
+    if axis.at_scale:  # here, with the experts it names: a new top-N reruns it too
+        reproduce(site, layer, axis)
+    return axis
+
+
+def reproduce(site: str, layer: int, axis: expert_axis.ExpertAxis) -> None:
+    """The snippet of this layer's views (at scale with the experts they list)."""
     share.reproduce(
         lambda: snippets.routing_view(
             share.snippet_input(source, chosen),
@@ -118,24 +173,61 @@ def layer_views() -> None:
     )
 
 
+ordered_fragment = st.fragment(ordered_views)
+
+
+def binned_view(scores, layer: int, axis: expert_axis.ExpertAxis) -> alt.TopLevelMixin:
+    """The binned overview of the whole input, experts in `axis.shown`'s order."""
+    binned = binned_dispatch_heatmap(
+        scores, max_bins=BINS, title=titled("Dispatch over the whole input", layer, axis)
+    )
+    if axis.at_scale:
+        binned = steady_binned(binned, axis)
+    return exports.many_marks(order_in_data(binned, axis.shown), BINS * len(axis.shown))
+
+
+def titled(title: str, layer: int, axis: expert_axis.ExpertAxis) -> str:
+    """A per-layer chart's title: with its layer up to 20 experts; at scale the title alone, so that the
+    chart's spec stays the same from layer to layer (the layer is on the slider and the line above)."""
+    return title if axis.at_scale else f"{title}, layer {layer}"
+
+
+def steady_binned(chart: alt.Chart, axis: expert_axis.ExpertAxis) -> alt.Chart:
+    """The binned overview at scale with a height and subtitle set by the top-N alone: a chosen expert
+    outside the top-N (one row more) then changes its data, not its spec."""
+    top_n = int(st.session_state.get("expert_top_n", len(axis.shown)))
+    size = bin_size(num_tokens, BINS)
+    bins = -(-num_tokens // size)
+    subtitle = (
+        f"{num_tokens:,} tokens in {bins} bins of {size} · the {top_n} busiest experts and the chosen one · "
+        "colour = share of a bin's tokens sent to the expert"
+    )
+    return chart.properties(
+        title=alt.Title(chart.title.text, subtitle=subtitle), height=min(max(18 * (top_n + 1), 120), 640)
+    )
+
+
 def token_strip(site: str, layer: int, axis: expert_axis.ExpertAxis) -> None:
     """The window's tokens coloured by their top-1 expert at the layer (at scale by group or expert id)."""
     routing = trace.layer(layer, site)
-    exports.show_chart(
-        exports.many_marks(
+    strip = memo(
+        "strip",
+        axis,
+        (site, layer, axis.expert),
+        lambda: exports.many_marks(
             token_strip_chart(
                 frames.layer_routing(site, layer),
                 num_experts=routing.num_experts,
                 max_tokens=WINDOW,
                 start=lo,
-                title=f"Tokens by top-1 expert, layer {layer}",
+                title=titled("Tokens by top-1 expert", layer, axis),
                 n_group=routing.n_group,
                 highlight=axis.expert,
             ),
             2 * min(num_tokens, WINDOW),
         ),
-        "strip",
     )
+    exports.show_chart(strip, "strip")
     colour = (
         "Each token is coloured by the expert with the largest combination weight at this layer"
         if routing.has_weights
@@ -164,14 +256,16 @@ def heatmap_and_token(site: str, layer: int, axis: expert_axis.ExpertAxis, score
     of its own (a full rerun)."""
     routing = trace.layer(layer, site)
     heading = "Router scores" if SCORES else "Dispatch"  # no scores: the chart draws the dispatch alone
-    heatmap = router_score_heatmap(
-        scores, max_tokens=WINDOW, start=lo, title=f"{heading}, layer {layer}", experts=axis.shown
-    )
-    event = exports.show_chart(
-        exports.many_marks(order_in_data(heatmap, axis.shown), min(num_tokens, WINDOW) * len(axis.shown)),
-        "heatmap",
-        select=True,
-    )
+
+    def build() -> alt.TopLevelMixin:
+        heatmap = router_score_heatmap(
+            scores, max_tokens=WINDOW, start=lo, title=titled(heading, layer, axis), experts=axis.shown
+        )
+        marks = min(num_tokens, WINDOW) * len(axis.shown)
+        return exports.many_marks(order_in_data(heatmap, axis.shown), marks)
+
+    heatmap = memo("heatmap", axis, (site, layer, tuple(axis.shown)), build)
+    event = exports.show_chart(heatmap, "heatmap", select=True)
     colour = (
         f"Colour = router score = {routing.score_fn}(router logits), before top-k. ● = expert the token was "
         "dispatched to; hover a cell for its logit and the combination weight the model used (0 where not "
@@ -288,9 +382,18 @@ def load_view(site: str, layer: int, axis: expert_axis.ExpertAxis) -> None:
     draws = 400 if axis.at_scale else 2000
     bands, spread = caches.layer_load_bands(*chosen.key, site, layer, trace.layer(layer, site), draws)
     # chart full width, then the indicators in one row: readable from 900 px (a side column was not)
-    exports.show_chart(
-        expert_axis.load_chart(load, axis, title=f"Expert load, layer {layer}", bands=bands), "load"
-    )
+
+    def build() -> alt.TopLevelMixin:
+        curve = expert_axis.load_chart(load, axis, title=titled("Expert load", layer, axis), bands=bands)
+        if not axis.at_scale:
+            return curve
+        # its per-layer figures (dead experts, the busiest's load) are in the caption below
+        return curve.properties(
+            title=alt.Title("Expert load, sorted", subtitle="dashed = fair share; grey = bootstrap band"),
+            config=LIGHT_MARKS,
+        )
+
+    exports.show_chart(memo("load", axis, (site, layer, axis.expert, draws), build), "load")
     # indicators side by side at their own width, wrapping to a second row on a narrow page (never cut)
     metrics = st.container(horizontal=True, gap="large")
     metrics.metric(
@@ -317,7 +420,12 @@ def load_view(site: str, layer: int, axis: expert_axis.ExpertAxis) -> None:
             width="content",
         )
     if axis.at_scale:
+        used = load[load["expert"] >= 0]
+        fair = used["count"].sum() / max(len(used), 1)
+        busiest = used["count"].max() / fair if fair > 0 else 0.0
         st.caption(
+            f"Layer {layer}: {len(used)} experts, {int((used['count'] == 0).sum())} dead, the busiest at "
+            f"{busiest:.2f}× its fair share. "
             "Curve: each expert's utilisation c_e / (kT/E), busiest first (a token counts once per "
             "expert it uses); dashed line: the fair share kT/E; the chosen expert marked. Dropped slots "
             f"are not drawn (see the Dropped metric). Grey band: 90% bootstrap band ({draws} draws, "
@@ -437,10 +545,9 @@ def token_detail_at_scale() -> None:
             rank_by = st.radio(
                 "Rank experts by", list(RANK_BY), format_func=RANK_BY.get, horizontal=True, key="path_rank"
             )
-            exports.show_chart(
-                token_rank_path_chart(mine, rank_by=rank_by, load=frames.load, title=f"Path of {label!r}"),
-                "token_path",
-            )
+            path = token_rank_path_chart(mine, rank_by=rank_by, load=frames.load, title=f"Path of {label!r}")
+            # layers × ranks cells (thousands at 58 layers): on a canvas, without per-mark ARIA text
+            exports.show_chart(exports.many_marks(path, len(path.data)), "token_path")
             st.caption(
                 "Where its experts stand in each layer's ranking (0 = first); dot size = combination weight, "
                 "colour = slot, dashed line joins the top-1 experts. A dispatched expert below rank k was "

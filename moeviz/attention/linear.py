@@ -31,6 +31,7 @@ def linear_rows(spec: LinearAttentionLayer, head: int, seq: int, off: int, n: in
         return torch.where(causal, scores * torch.exp(delta.clamp(max=0.0)), 0.0).numpy()
     if spec.kind not in ("delta", "kda"):
         raise ValueError(f"unknown linear-attention kind {spec.kind!r}")
+    assert spec.beta is not None  # "delta" and "kda" layers always record beta
     beta = torch.from_numpy(spec.beta[seq, head, cols]).double()
     decay = torch.exp(g)  # a per-channel gate ("kda") scales r elementwise, a scalar one uniformly
     r = torch.zeros(len(rows_t), q.shape[1], dtype=torch.float64)

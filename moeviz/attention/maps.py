@@ -28,7 +28,7 @@ import pandas as pd
 
 from moeviz.attention.layers import AttentionLayer, LinearAttentionLayer
 from moeviz.attention.linear import linear_rows
-from moeviz.attention.summaries import SUMMARY_STATS, layer_stats
+from moeviz.attention.summaries import SUMMARY_STATS, layer_stats, score_precision
 
 
 @dataclass
@@ -54,7 +54,8 @@ class AttentionCapture:
     dtype_bytes: int = 4
     geometry: dict[str, Any] = field(default_factory=dict)
     linear: dict[int, LinearAttentionLayer] = field(default_factory=dict)
-    _cache: dict[tuple, dict[int, dict[str, np.ndarray]]] = field(default_factory=dict, repr=False)
+    _cache: dict[tuple, dict[str, np.ndarray]] = field(default_factory=dict, repr=False)
+    _precision: dict[int, str] = field(default_factory=dict, repr=False)  # layer -> `score_precision`
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __eq__(self, other: object) -> bool:  # identity: comparing arrays elementwise is not meaningful
@@ -74,7 +75,7 @@ class AttentionCapture:
     @property
     def nbytes(self) -> int:
         """Bytes held by the capture (queries, keys, intervals, linear q/k/v): grows linearly with tokens."""
-        return sum(layer.nbytes for layer in (*self.layers.values(), *self.linear.values()))
+        return sum(x.nbytes for x in self.layers.values()) + sum(x.nbytes for x in self.linear.values())
 
     def has_map(self, layer: int) -> bool:
         return layer in self.layers or layer in self.linear
@@ -110,7 +111,7 @@ class AttentionCapture:
 
     # ---- maps ----------------------------------------------------------------------------------------
     def _rows(
-        self, spec: AttentionLayer, head: int, seq: int, rows: np.ndarray
+        self, spec: AttentionLayer | LinearAttentionLayer, head: int, seq: int, rows: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """Attention of query positions `rows` over every key position of the sequence, in float64.
 
@@ -200,7 +201,14 @@ class AttentionCapture:
             cached = self._cache.get(key)
         if cached is not None:
             return cached
-        out = layer_stats(self.layer(layer), self.offsets, window, global_tokens, geometry)
+        spec = self.layers[self._layers_arg([layer])[0]]  # refuses linear layers, as `summaries` does
+        with self._lock:
+            precision = self._precision.get(layer)
+        if precision is None:  # probed once per layer, whatever the windows asked for
+            precision = score_precision(spec)
+            with self._lock:
+                self._precision[layer] = precision
+        out = layer_stats(spec, self.offsets, window, global_tokens, geometry, precision)
         with self._lock:
             self._cache[key] = out
         return out
@@ -277,7 +285,7 @@ class AttentionCapture:
         keep = sorted(int(layer) for layer in layers if int(layer) in self.layers)
         return dataclasses.replace(
             self, layers={layer: self.layers[layer] for layer in keep}, no_map={}, linear={},
-            _cache=self._cache, _lock=self._lock,
+            _cache=self._cache, _precision=self._precision, _lock=self._lock,
         )  # fmt: skip
 
     # ---- KV cache ------------------------------------------------------------------------------------

@@ -109,6 +109,7 @@ def _block_weights(
     rel_lo, rel_hi = lo[start:stop] - k0, hi[start:stop] - k0
     sink_col = off - k0
     global_end = min(max(sink_col + global_tokens, 0), keys)
+    key: tuple  # the block's geometry: what its masks and weights depend on
     key = (start - k0, keys, rel_lo.tobytes(), rel_hi.tobytes(), sink_col if 0 <= sink_col < keys else None)
     key += (global_end, window, score_dtype)
     found = geometry.get(key)
@@ -212,8 +213,22 @@ def _float32_scores_suffice(spec: AttentionLayer) -> bool:
     return worst <= _FLOAT32_SCORE_TOLERANCE
 
 
+def score_precision(spec: AttentionLayer) -> str:
+    """The torch dtype name (`"float32"` or `_SCORE_DTYPE`) `layer_stats` computes this layer's scores in:
+    float32 where `_float32_scores_suffice`. A property of the layer, not of the window: callers that
+    summarise a layer at several windows measure it once (`AttentionCapture` keeps it per layer)."""
+    if _SCORE_DTYPE == "float64" and _float32_scores_suffice(spec):
+        return "float32"
+    return _SCORE_DTYPE
+
+
 def layer_stats(
-    spec: AttentionLayer, offsets: np.ndarray, window: int, global_tokens: int, geometry: dict | None = None
+    spec: AttentionLayer,
+    offsets: np.ndarray,
+    window: int,
+    global_tokens: int,
+    geometry: dict | None = None,
+    precision: str | None = None,
 ) -> dict[str, np.ndarray]:
     """All per-token statistics (`_STATS`, each [B, H, T]) of all heads of one softmax layer in one
     streaming pass; `AttentionCapture` caches them per (layer, window, global_tokens).
@@ -227,12 +242,12 @@ def layer_stats(
     scores are clamped at `_EXP_FLOOR` (exp < 2e-35, far below the resolution of a row sum >= 1) so exp
     never takes its slow underflow path; blocked keys carry -inf before the row maximum and zero weight in
     every masked sum. Memory: a few [H, R, K] buffers of about `_BLOCK_ELEMENTS` each, never [T, T].
+    `precision`: the layer's `score_precision` when the caller knows it already (None: measured here).
     """
     import torch
 
-    score_dtype, sum_dtype = _dtypes()
-    if score_dtype == torch.float64 and _float32_scores_suffice(spec):
-        score_dtype = torch.float32
+    score_dtype = getattr(torch, precision or score_precision(spec))
+    sum_dtype = _dtypes()[1]
     b_n, h_n, t_n, dim = spec.query.shape
     groups = h_n // spec.num_kv_heads
     raw = np.zeros((6, b_n, h_n, t_n), dtype=np.float64)  # per row: the sums over keys `_combine` needs
@@ -290,7 +305,7 @@ def layer_stats(
                 sums.append(torch.mul(e[:, :, first:last], weight, out=band).sum(-1))
             sums.append(e[:, :, off - k0] * w["pos0"] if w["pos0"] is not None else torch.zeros_like(sums[0]))
             raw[:, b, :, start:stop] = torch.stack(sums).numpy()  # float32 sums into the float64 array
-            if sinks is not None:
+            if row_max is not None:  # with sinks
                 row_max[b, :, start:stop] = m[..., 0].numpy()
     return _combine(raw, row_max, spec, spec.hi < spec.lo)
 
@@ -304,7 +319,9 @@ def _combine(
     e at position 0; row_max [B, H, T]: the m each row was shifted by (for the learned sink's e = exp(sink −
     m)), None without sinks; empty [B, T]: rows without keys (padding), whose statistics are all 0."""
     mass_e, ent_e, dist_e, local_e, extra_e, pos0_e = raw
-    sink_e = None if row_max is None else np.exp(spec.sinks.astype(np.float64)[None, :, None] - row_max)
+    sink_e: np.ndarray | None = None
+    if row_max is not None and spec.sinks is not None:
+        sink_e = np.exp(spec.sinks.astype(np.float64)[None, :, None] - row_max)
     z = mass_e if sink_e is None else mass_e + sink_e  # >= 1 on rows with keys
     z = np.where(z > 0, z, 1.0)
     mass = mass_e / z

@@ -1,10 +1,12 @@
-"""Pieces several chart modules share: layer row labels, the log₂ fold-change colour of the heatmaps and the
-two theme colours (INK, PAPER), the fit-to-width autosize (FIT_WIDTH)."""
+"""Pieces several chart modules share: layered charts (`layered_chart`), layer row labels, the log₂
+fold-change colour of the heatmaps and the two theme colours (INK, PAPER), the fit-to-width autosize
+(FIT_WIDTH)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import altair as alt
 import numpy as np
@@ -23,6 +25,14 @@ FIT_WIDTH = alt.AutoSizeParams(type="fit-x", contains="padding")
 # Lifted only while that transformer is active with its default options: a user's own choice stays.
 if alt.data_transformers.active == "default" and not alt.data_transformers.options:
     alt.data_transformers.enable("default", max_rows=None)
+
+
+def layered_chart(*charts: alt.Chart | alt.LayerChart, **kwargs: Any) -> alt.LayerChart:
+    """`alt.layer(*charts, **kwargs)` of layers without row/column/facet encodings: a LayerChart (altair
+    types `alt.layer` as `LayerChart | FacetChart`: it makes a FacetChart of layers sharing a facet)."""
+    chart = alt.layer(*charts, **kwargs)
+    assert isinstance(chart, alt.LayerChart)  # no layer of moeviz's charts has a facet encoding
+    return chart
 
 
 def layer_labels(frame: pd.DataFrame) -> list[str]:
@@ -120,5 +130,5 @@ def layer_band_axis(layers: Sequence[int], *, min_width: int, angle: int = 0, **
     ending on the last (`every_nth_layer`; every bar keeps its layer in the tooltip)."""
     layers = sorted(int(x) for x in layers)
     step = max(1, math.ceil(LABEL_PX[angle] * len(layers) / max(min_width, 1)))
-    values = {} if step == 1 else {"values": every_nth_layer(layers, step)}
-    return alt.Axis(labelAngle=angle, labelOverlap=False, **values, **kwargs)
+    values = alt.Undefined if step == 1 else every_nth_layer(layers, step)
+    return alt.Axis(labelAngle=angle, labelOverlap=False, values=values, **kwargs)

@@ -20,11 +20,13 @@ import io
 import json
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import altair as alt
 import numpy as np
 import pandas as pd
 
+from moeviz.charts._common import layered_chart
 from moeviz.settings import current_settings
 
 # cells: a heatmap with more is drawn as an image (the setting MOEVIZ_RASTER_ABOVE overrides it)
@@ -202,8 +204,8 @@ def overlay_frame(
     c0 = np.arange(n_c) * by_col
     r1 = np.minimum(r0 + by_row, rows) - 1
     c1 = np.minimum(c0 + by_col, cols) - 1
-    bin_r, bin_c = np.meshgrid(np.arange(n_r), np.arange(n_c), indexing="ij")
-    bin_r, bin_c = bin_r.ravel(), bin_c.ravel()
+    grid_r, grid_c = np.meshgrid(np.arange(n_r), np.arange(n_c), indexing="ij")
+    bin_r, bin_c = grid_r.ravel(), grid_c.ravel()
     frame = pd.DataFrame(
         {
             "x0": c0[bin_c] - 0.5,
@@ -235,6 +237,12 @@ def overlay_frame(
     else:
         frame["values"] = ""
     return frame
+
+
+def formatted(values: np.ndarray, spec: str) -> list[str]:
+    """[N] each value in the format `spec` (Python's mini-language, which agrees with d3-format's for the
+    "f", "g" and "%" specs the charts use), "" where it is not finite."""
+    return [format(float(v), spec) if math.isfinite(v) else "" for v in np.asarray(values, dtype=np.float64)]
 
 
 # ---- the chart -------------------------------------------------------------------------------------------
@@ -293,20 +301,17 @@ def raster_layers(
     )
     bins["shade"] = bins["mean"] if hover is None else overlay_frame(matrix, max_cells=max_cells)["mean"]
     single = bool((bins["cells"] <= 1).all()) and len(bins) == rows * cols
+    # the tooltip's numbers formatted here (`formatted`), not per bin by the browser: Vega would build each
+    # of thousands of tooltips through d3-format and its slow CSP-safe expression interpreter on every draw
+    for column in ("mean", "min", "max"):
+        bins[f"{column}_text"] = formatted(bins[column].to_numpy(), value_format)
     tooltip = [
         alt.Tooltip("row_from:N", title=row_title if single else f"{row_title} from"),
         *([] if single else [alt.Tooltip("row_to:N", title=f"{row_title} to")]),
         alt.Tooltip("col_from:N", title=col_title if single else f"{col_title} from"),
         *([] if single else [alt.Tooltip("col_to:N", title=f"{col_title} to")]),
-        alt.Tooltip("mean:Q", format=value_format, title=value_title if single else f"mean {value_title}"),
-        *(
-            []
-            if single
-            else [
-                alt.Tooltip("min:Q", format=value_format, title="min"),
-                alt.Tooltip("max:Q", format=value_format, title="max"),
-            ]
-        ),
+        alt.Tooltip("mean_text:N", title=value_title if single else f"mean {value_title}"),
+        *([] if single else [alt.Tooltip("min_text:N", title="min"), alt.Tooltip("max_text:N", title="max")]),
         *([alt.Tooltip("values:N", title="each cell")] if bins["values"].str.len().gt(0).any() else []),
     ]
     legend = legend or alt.Legend(title=value_title)
@@ -329,7 +334,7 @@ def raster_layers(
 def position_axis(title: str, labels: Sequence | None = None) -> alt.Axis:
     """An axis over whole cell positions (Vega picks the ticks, none dropped), each labelled
     `labels[position]` when given (JSON string literals: any text is safe in the Vega expression)."""
-    extra = {}
+    extra: dict[str, Any] = {}
     if labels is not None:
         items = ",".join(json.dumps(str(label)) for label in labels)
         whole = f"datum.value >= 0 && datum.value < {len(labels)} && datum.value % 1 == 0"
@@ -386,5 +391,5 @@ def raster_heatmap(
         value_format=value_format,
         hover=hover,
     )
-    chart = alt.layer(*parts)
+    chart = layered_chart(*parts)
     return chart.properties(height=height, **({"title": title} if title is not None else {}))

@@ -8,7 +8,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from moeviz.charts._common import FIT_WIDTH, INK, layer_band_axis
+from moeviz.charts._common import FIT_WIDTH, INK, layer_band_axis, layered_chart
 from moeviz.charts.scale import MAX_CATEGORICAL, add_expert_colour_fields, expert_colour
 
 DOT = "●"
@@ -151,7 +151,7 @@ def router_score_heatmap(
         )
     dot_size = 11 if hi - lo <= 80 else 8 if hi - lo <= 200 else 6  # fewer, wider cells take a bigger dot
     dots = _dispatch_dots(base, dot_size)
-    return alt.layer(cells_layer, dots, data=data).properties(
+    return layered_chart(cells_layer, dots, data=data).properties(
         title=alt.Title(
             title or ("Router scores" if scored else "Dispatch"),
             subtitle=_window_subtitle(lo, hi, num_tokens),
@@ -243,7 +243,7 @@ def expert_load_chart(
                 ],
             )
         )
-    return alt.layer(*layers, data=data).properties(
+    return layered_chart(*layers, data=data).properties(
         title=title or "Expert load", height=220, autosize=FIT_WIDTH
     )
 
@@ -321,9 +321,12 @@ def token_strip_chart(
     lines = int(data["line"].nunique()) if len(data) else 1
     marks = [boxes, text]
     if highlight is not None:
-        chosen = base.transform_filter(f"datum.expert == {int(highlight)}")
+        # the chosen expert is a column of the data, not a constant of the spec: another choice changes the
+        # data alone, which a host that keeps a drawn chart (Streamlit) patches in without a new view
+        data["chosen"] = data["expert"] == int(highlight)
+        chosen = base.transform_filter("datum.chosen")
         marks.insert(1, chosen.mark_rect(filled=False, stroke=INK, strokeWidth=2.5, cornerRadius=3))
-    return alt.layer(*marks, data=data).properties(
+    return layered_chart(*marks, data=data).properties(
         title=alt.Title(title or "Tokens by top-1 expert", subtitle=_window_subtitle(lo, hi, len(tokens))),
         height=min(28 * lines, 900),
         autosize=FIT_WIDTH,
@@ -385,7 +388,7 @@ def expert_timeline_chart(
     dots = _dispatch_dots(base, 9)
     num_layers = int(data["layer"].nunique()) if len(data) else 1
     heading = "router score" if scored else "dispatched"
-    return alt.layer(cells, dots, data=data).properties(
+    return layered_chart(cells, dots, data=data).properties(
         title=alt.Title(title or f"Expert {expert}: {heading} at every layer", subtitle=f"{hi - lo} tokens"),
         height=min(max(24 * num_layers, 80), 600),
         autosize=FIT_WIDTH,
@@ -416,7 +419,7 @@ def token_layer_scores_chart(token_scores: pd.DataFrame, *, title: str | None = 
     )
     dots = _dispatch_dots(base, 12)
     layers = int(data["layer"].nunique()) if len(data) else 1
-    return alt.layer(cells, dots, data=data).properties(
+    return layered_chart(cells, dots, data=data).properties(
         title=title or "Scores at every layer", height=min(max(26 * layers, 80), 600), autosize=FIT_WIDTH
     )
 
@@ -466,7 +469,7 @@ def token_path_chart(
             *([alt.Tooltip("weight:Q", format=".3f")] if weighted else []),
         ],
     )
-    return alt.layer(*([line] if ranked else []), dots, data=data).properties(
+    return layered_chart(*([line] if ranked else []), dots, data=data).properties(
         title=title or "Expert path", height=220, autosize=FIT_WIDTH
     )
 

@@ -15,6 +15,7 @@ Expert axes take an `order`: a permutation (or a subset, to filter) of expert id
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import altair as alt
 import numpy as np
@@ -24,6 +25,7 @@ from moeviz.charts._common import (
     INK,
     brushed_ticks,
     layer_labels,
+    layered_chart,
     log2_fold,
     log2_fold_colour,
     spaced_ticks,
@@ -80,7 +82,7 @@ def expert_colour(
             legend=alt.Legend(title=title, orient="bottom", direction="horizontal", columns=MAX_CATEGORICAL),
             sort=domain,
         )
-    if expert_groups(num_experts, n_group) is not None:
+    if n_group is not None and expert_groups(num_experts, n_group) is not None:
         domain = group_labels(num_experts, int(n_group))
         return alt.Color(
             f"{group_field}:N",
@@ -106,7 +108,7 @@ def add_expert_colour_fields(
     ids = data[field].to_numpy()
     data[f"{field}_label"] = np.where(ids >= 0, ids.astype(str), "dropped")
     groups = expert_groups(num_experts, n_group)
-    if groups is not None and num_experts > MAX_CATEGORICAL:
+    if groups is not None and n_group is not None and num_experts > MAX_CATEGORICAL:
         labels = np.asarray(group_labels(num_experts, int(n_group)), dtype=object)
         safe = np.clip(ids, 0, num_experts - 1)
         data["group"] = np.where(ids >= 0, labels[groups[safe]], "dropped")
@@ -124,7 +126,7 @@ def _lookup_expr(labels: Sequence[str | int]) -> str:
 def _position_axis(title: str, labels: Sequence[str | int] | None = None, **kwargs) -> alt.Axis:
     """A quantitative axis over integer positions: Vega picks how many ticks fit, none is dropped
     (labelOverlap off), ticks only at whole positions, each labelled with `labels[position]` if given."""
-    extra = {"labelExpr": _lookup_expr(labels)} if labels is not None else {}
+    extra: dict[str, Any] = {"labelExpr": _lookup_expr(labels)} if labels is not None else {}
     return alt.Axis(title=title, tickMinStep=1, labelOverlap=False, grid=False, **extra, **kwargs)
 
 
@@ -239,7 +241,7 @@ def layer_expert_heatmap(
         if dots:
             marked = base.transform_filter("datum.dispatched")
             parts.append(marked.mark_text(text="●", color=DOT_COLOUR, fontSize=11).encode(tooltip=tooltip))
-        return alt.layer(*parts, data=data).properties(
+        return layered_chart(*parts, data=data).properties(
             title=heading, height=min(max(26 * num_rows, 100), 700), autosize=FIT_WIDTH
         )
     brush = alt.selection_interval(name=EXPERT_BRUSH, encodings=["x"])
@@ -365,7 +367,7 @@ def _raster_layer_expert(
         values=spaced_ticks(num_cols - 1, max(width // TICK_SPACING, 2)),
         labelFlush=True,
     )
-    common = dict(
+    common: dict[str, Any] = dict(
         row_title="layer", col_title="expert", value_title=value, row_labels=labels, col_labels=ids,
         legend=legend, hover=values if value == "utilisation" else None, value_format=".3f",
     )  # fmt: skip
@@ -552,11 +554,12 @@ def token_rank_path_chart(
     ]
     parts = []
     if rank_by != "load":
+        # cell edges computed here, not by Vega: the browser evaluates a Vega expression per row through its
+        # CSP-safe interpreter (four per cell, thousands of cells at hundreds of experts)
+        data["x0"], data["x1"] = data["row"] - 0.5, data["row"] + 0.5
+        data["y0"], data["y1"] = data["rank"] - 0.5, data["rank"] + 0.5
         parts.append(
             alt.Chart()
-            .transform_calculate(
-                x0="datum.row - 0.5", x1="datum.row + 0.5", y0="datum.rank - 0.5", y1="datum.rank + 0.5"
-            )
             .mark_rect()
             .encode(
                 x=alt.X("x0:Q", scale=x_scale, axis=x_axis),
@@ -689,7 +692,14 @@ def expert_load_curve_chart(
     base = alt.Chart().encode(x=x, y=y)
     area = base.mark_area(interpolate="step-after", opacity=0.35, color="#4c78a8", line={"color": "#4c78a8"})
     points = base.mark_circle(size=18 if e > 64 else 40, color="#4c78a8", opacity=0.8).encode(tooltip=tooltip)
-    fair = alt.Chart().mark_rule(color="#e4572e", strokeDash=[6, 4], strokeWidth=2).encode(y=alt.datum(1.0))
+    # one rule, from the busiest expert's row: on every row of the layer's data it would be drawn once per
+    # expert, E rules on top of each other for the browser to encode and paint on every redraw
+    fair = (
+        alt.Chart()
+        .transform_filter("datum.rank == 0")
+        .mark_rule(color="#e4572e", strokeDash=[6, 4], strokeWidth=2)
+        .encode(y=alt.datum(1.0))
+    )
     parts = [area, points, fair]
     if bands is not None:
         band = alt.Chart().mark_area(interpolate="step-after", opacity=0.3, color="#9e9e9e")
@@ -701,7 +711,8 @@ def expert_load_curve_chart(
         )
         parts.insert(1, band)
     if highlight is not None:
-        chosen = base.transform_filter(f"datum.expert == {int(highlight)}")
+        data["chosen"] = data["expert"] == int(highlight)  # in the data: another choice keeps the spec
+        chosen = base.transform_filter("datum.chosen")
         parts += [
             chosen.mark_point(size=140, color=HIGHLIGHT, strokeWidth=2, filled=False).encode(tooltip=tooltip),
             chosen.mark_text(dy=-14, color=HIGHLIGHT, fontWeight="bold").encode(text=alt.Text("expert:O")),
@@ -710,16 +721,17 @@ def expert_load_curve_chart(
     subtitle = f"{e} experts, {dead} dead, busiest at {top:.2f}× its fair share; dashed = fair share"
     if bands is not None:
         subtitle += "; grey = bootstrap band"
-    return alt.layer(*parts, data=data).properties(
+    return layered_chart(*parts, data=data).properties(
         title=alt.Title(title or "Expert load, sorted", subtitle=subtitle), height=220, autosize=FIT_WIDTH
     )
 
 
 # ---- an expert order carried by the data -------------------------------------------------------------------
 ORDER_FIELD = "expert_rank"  # the column `order_in_data` adds: each row's expert's place in the order
+_Ordered = TypeVar("_Ordered", alt.Chart, alt.LayerChart)
 
 
-def order_in_data(chart: alt.TopLevelMixin, order: Sequence[int], channel: str = "y") -> alt.TopLevelMixin:
+def order_in_data(chart: _Ordered, order: Sequence[int], channel: str = "y") -> _Ordered:
     """Put the experts of `chart`'s `channel` axis in `order` through a column of its data (ORDER_FIELD:
     each row's expert's place in `order`; experts not in it after) rather than a list of ids in the spec.
     A new order, or a new expert among those shown, then changes the chart's data alone: a host that keeps

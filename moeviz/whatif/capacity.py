@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Literal, get_args
 
 import numpy as np
@@ -29,24 +30,29 @@ DropPolicy = Literal["probs", "position"]  # which slots an over-full expert kee
 DROP_POLICIES: tuple[DropPolicy, ...] = get_args(DropPolicy)
 DEFAULT_CFS = (1.0, 1.25, 1.5, 2.0)
 DEFAULT_BUCKETS = 10
+# One sort key packs (expert or cell, priority, slot within the group) when their bits fit in it; wider
+# inputs take `capacity_ranks`' stable argsort instead (same ranks, slower).
+_KEY_BITS = 64
+_CHUNK_SLOTS = 1 << 17  # slots plus (group, expert) cells replayed at a time (whole dispatch groups)
+_ROW_PADDING = 2  # sort group by group while the padded table holds at most this many × the keys
 
 
 @dataclass(frozen=True)
-class _LayerRanks:
-    """One layer's valid assignments, flattened in (token, slot) order. A = assignments, G = groups.
+class _LayerDrops:
+    """One layer replayed at the ladder's ascending distinct CFs. G = groups, E = experts, B = position
+    buckets, L = ladder steps; an assignment's drop level is how many ladder CFs drop it (0 … L).
 
-    token [A], expert [A], group [A]; rank [A]: arrival rank within its (group, expert) under the policy;
-    group_tokens [G]; token_bucket [N]; over [O]: the assignments in cells over-full at the smallest CF (only
-    they can drop)."""
+    caps [L, G]: C per group at each step; assigned [E] and dropped [L, E]: valid assignments per expert,
+    and those dropped at each step; assigned_bucket [B]; bucket_levels [(L + 1) · B]: dropped assignments by
+    (level, position bucket), level 0 left empty; token_levels [L + 2]: tokens by the lowest level among
+    their valid slots (L + 1: none)."""
 
-    token: np.ndarray
-    expert: np.ndarray
-    group: np.ndarray
-    rank: np.ndarray
-    group_tokens: np.ndarray
-    token_bucket: np.ndarray
-    tokens: int
-    over: np.ndarray
+    caps: np.ndarray
+    assigned: np.ndarray
+    dropped: np.ndarray
+    assigned_bucket: np.ndarray
+    bucket_levels: np.ndarray
+    token_levels: np.ndarray
 
 
 def _sequences(layer: LayerRoutes) -> tuple[np.ndarray, np.ndarray]:
@@ -99,57 +105,208 @@ def _group_words(group_tokens: int | None) -> str:
     return f"a batch of {group_tokens:,} consecutive tokens (sequences packed in order)"
 
 
-def _rank_layer(
+def _priority_key(priority: np.ndarray) -> np.ndarray:
+    """float32 priorities [O] → uint32 keys whose ascending order is the priorities' descending order on
+    their bits, as `moeviz.scoring.capacity_ranks` orders them (+0.0 before −0.0)."""
+    bits = np.ascontiguousarray(priority, dtype=np.float32).view(np.uint32)
+    flip = (bits.view(np.int32) >> 31).view(np.uint32)  # all ones for a negative float, else 0
+    np.invert(flip, out=flip)
+    flip &= np.uint32(0x7FFFFFFF)  # a negative float keeps its bits, a positive one flips all but the sign
+    flip ^= bits
+    return flip
+
+
+def _packed_order(
+    high: np.ndarray, high_bits: int, priority: np.ndarray | None, local: np.ndarray, local_bits: int
+) -> np.ndarray | None:
+    """Unique uint64 keys [O] ordered as (high, priority descending, local), or None when they do not fit
+    in `_KEY_BITS`; `local` is distinct within one `high`, so any sort of the keys gives the one order."""
+    priority_bits = 0
+    if priority is not None:
+        key_p = _priority_key(priority)
+        key_p -= key_p.min(initial=0)  # only the range in use takes bits
+        priority_bits = int(key_p.max(initial=0)).bit_length()
+    if high_bits + priority_bits + local_bits > _KEY_BITS:
+        return None
+    key = high.astype(np.uint64)
+    key <<= np.uint64(priority_bits)
+    if priority_bits:
+        key |= key_p
+    key <<= np.uint64(local_bits)
+    key |= np.asarray(local, dtype=np.int64).view(np.uint64)  # ≥ 0: the same bits
+    return key
+
+
+def _sorted_drops(
+    slots: np.ndarray,
+    cell: np.ndarray,
+    expert: np.ndarray,
+    priority: np.ndarray | None,
+    experts: int,
+    need: np.ndarray,
+    cell_count: np.ndarray,
+    cell_group: np.ndarray,
+    group_size: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The over-full assignments in the policy's order, (cell, priority descending, arrival), by one sort of
+    packed unique keys; None when they do not fit in `_KEY_BITS`. M over-full cells in (group, expert)
+    order; slots [O] ascending, with their cell [O], expert [O] and priority [O] (None: arrival order);
+    need [L, M]: per ladder step and cell its first dropped rank (need[0] < cell_count [M]); cell_group [M];
+    group_size [G]: slots per group. → (slot [D], level [D]) of the assignments dropped at the smallest CF,
+    level = how many ladder steps drop it."""
+    group_slot = np.cumsum(group_size) - group_size  # each group's first slot
+    group_count = np.bincount(cell_group, weights=cell_count, minlength=len(group_size)).astype(np.int64)
+    # slots ascend and groups are contiguous in arrival order: slots run group by group
+    local = slots - np.repeat(group_slot, group_count)
+    local_bits = (int(group_size.max()) - 1).bit_length()
+    start = np.cumsum(cell_count) - cell_count  # each cell's first position among the sorted keys
+    # One sort per group, each a row of a padded table sorted row by row (shorter sorts), unless uneven
+    # groups would pad it to far more than the keys: then one sort of them all, the group in the key.
+    rows = np.flatnonzero(group_count)
+    width = int(group_count.max(initial=0))
+    if len(rows) * width <= _ROW_PADDING * len(slots):
+        key = _packed_order(expert, (experts - 1).bit_length(), priority, local, local_bits)
+        if key is None:
+            return None
+        shift = np.zeros(len(group_size), dtype=np.int64)  # a key's index in `key` + shift = its table place
+        shift[rows] = np.arange(len(rows)) * width - (np.cumsum(group_count[rows]) - group_count[rows])
+        table = np.full(len(rows) * width, np.iinfo(np.uint64).max, dtype=np.uint64)  # pads sort last
+        table[np.arange(len(key)) + np.repeat(shift[rows], group_count[rows])] = key
+        table.reshape(len(rows), width).sort(axis=1)
+        key, start = table, start + shift[cell_group]
+    else:
+        key = _packed_order(cell, (len(group_size) * experts - 1).bit_length(), priority, local, local_bits)
+        if key is None:
+            return None
+        key.sort()
+    # a cell's drops are its ranks need[0] … count − 1, level l on ranks [need[l − 1], need[l]) (need[L] =
+    # count): runs, one per cell, laid end to end
+    drops = cell_count - need[0]
+    first = start + need[0] - (np.cumsum(drops) - drops)
+    position = np.repeat(first, drops) + np.arange(int(drops.sum()))
+    local = key[position] & np.uint64((1 << local_bits) - 1)
+    slot = np.repeat(group_slot[cell_group], drops) + local.astype(np.int64)
+    reached = np.minimum(np.vstack([need, cell_count]), cell_count)  # [L + 1, M]
+    runs = np.diff(reached, axis=0).T  # [M, L]: ranks at level 1 … L per cell
+    level = np.repeat(np.tile(np.arange(1, len(need) + 1, dtype=np.int64), len(cell_count)), runs.reshape(-1))
+    return slot, level
+
+
+def _drop_levels(
     layer: LayerRoutes,
     policy: DropPolicy,
     buckets: int,
-    min_cf: float,
+    ladder: list[float],
     exact: bool,
     group_tokens: int | None = None,
-) -> _LayerRanks:
-    """Ranks within each (group, expert) cell; a cell that fits even at the smallest CF never drops at any
-    CF, so only over-full cells are sorted (rank 0 elsewhere): balanced routing sorts almost nothing.
-    Position buckets are always within the token's sequence, whatever the dispatch group."""
+) -> _LayerDrops:
+    """Drop levels of one layer's assignments. A cell that fits at the smallest CF fits at every CF (C
+    never shrinks as CF grows), so only over-full cells are ranked: by the policy's order, where rank r
+    drops at every CF whose C ≤ r. Position buckets are always within the token's sequence, whatever the
+    dispatch group. Groups are independent: they are replayed a few whole groups at a time, so that the
+    temporaries stay small (in cache, on pages already mapped)."""
     n, k, experts = layer.tokens, layer.k, int(layer.num_experts)
+    steps, levels = len(ladder), len(ladder) + 1
     starts, seq_lengths = _sequences(layer)
     within = np.arange(n) - np.repeat(starts, seq_lengths)
     token_bucket = (within * buckets) // np.repeat(seq_lengths, seq_lengths)  # floor(pos / len × buckets)
     token_group, lengths = _dispatch_groups(layer, group_tokens)
-    flat = layer.experts.reshape(-1)
-    valid = flat >= 0
-    token = np.repeat(np.arange(n), k)[valid]
-    expert = flat[valid].astype(np.int64)
-    group = token_group[token]
-    cell = group * experts + expert
-    fits = np.bincount(cell, minlength=len(lengths) * experts) <= np.repeat(
-        clamped_capacity(lengths, k, experts, min_cf, exact), experts
+    groups = len(lengths)
+    caps = np.array([clamped_capacity(lengths, k, experts, cf, exact) for cf in ladder], dtype=np.int64)
+    caps = caps.reshape(steps, groups)
+    assigned = np.zeros(experts, dtype=np.int64)
+    dropped = np.zeros((steps, experts), dtype=np.int64)
+    assigned_bucket = np.zeros(buckets, dtype=np.int64)
+    bucket_levels = np.zeros(levels * buckets, dtype=np.int64)
+    token_levels = np.zeros(levels + 1, dtype=np.int64)
+    first_token = np.r_[0, np.cumsum(lengths)]
+    # a group goes with the chunk its first slot and first cell are in: both bound a chunk's temporaries
+    chunk_of = (first_token[:-1] * k + np.arange(groups) * experts) // _CHUNK_SLOTS
+    edges = np.r_[0, np.flatnonzero(np.diff(chunk_of)) + 1, groups]
+    for g0, g1 in pairwise(edges.tolist()):
+        if g0 == g1:
+            continue
+        t0, t1 = int(first_token[g0]), int(first_token[g1])
+        routed = layer.experts[t0:t1]
+        flat = routed.reshape(-1)
+        valid = None if flat.min() >= 0 else flat >= 0  # None: the model dropped no slot here
+        cell = (routed + ((token_group[t0:t1] - g0) * experts)[:, None]).reshape(-1)  # meaningless if invalid
+        count = np.bincount(cell if valid is None else cell[valid], minlength=(g1 - g0) * experts)
+        chunk_caps = caps[:, g0:g1]
+        assigned += count.reshape(-1, experts).sum(axis=0)
+        for step in range(steps):  # n assignments in a cell drop max(0, n − C) whatever the policy
+            dropped[step] += np.maximum(count.reshape(-1, experts) - chunk_caps[step][:, None], 0).sum(axis=0)
+        over_cells = np.flatnonzero(count > np.repeat(chunk_caps[0], experts))
+        bucket = token_bucket[t0:t1]
+        # a token's lowest level over its valid slots: 0 outside the drops, `levels` when it has no valid slot
+        every = np.zeros((t1 - t0, k), dtype=np.min_scalar_type(levels))
+        if valid is None:
+            assigned_bucket += np.bincount(bucket, minlength=buckets) * k
+        else:
+            every.reshape(-1)[~valid] = levels
+            assigned_bucket += np.bincount(np.repeat(bucket, k)[valid], minlength=buckets)
+        if len(over_cells):
+            slot, level = _chunk_drops(
+                layer.weights[t0:t1] if policy == "probs" else None,
+                flat,
+                cell,
+                valid,
+                over_cells,
+                count[over_cells],
+                chunk_caps,
+                lengths[g0:g1] * k,
+                experts,
+            )
+            bucket_levels += np.bincount(level * buckets + bucket[slot // k], minlength=levels * buckets)
+            every.reshape(-1)[slot] = level
+        lowest = every[:, 0].copy()
+        for column in range(1, k):
+            np.minimum(lowest, every[:, column], out=lowest)
+        token_levels += np.bincount(lowest, minlength=levels + 1)
+    return _LayerDrops(caps, assigned, dropped, assigned_bucket, bucket_levels, token_levels)
+
+
+def _chunk_drops(
+    weights: np.ndarray | None,
+    flat: np.ndarray,
+    cell: np.ndarray,
+    valid: np.ndarray | None,
+    over_cells: np.ndarray,
+    cell_count: np.ndarray,
+    caps: np.ndarray,
+    group_size: np.ndarray,
+    experts: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(slot [D], level [D]) of the assignments dropped at the smallest CF in a run of whole groups, slots
+    counted from its first. weights [T, k] (None: the ``position`` policy), flat [A] experts, cell [A]
+    (group · E + expert, meaningless where `valid` [A] is False; None: all valid); over_cells [M] the cells
+    over-full at the smallest CF with their cell_count [M]; caps [L, G]; group_size [G] slots per group."""
+    over = np.zeros(len(group_size) * experts, dtype=bool)
+    over[over_cells] = True
+    in_over = over[cell] if valid is None else over[cell] & valid
+    slots = np.flatnonzero(in_over)  # [O] arrival order: the last tie-break
+    cell_group = over_cells // experts
+    need = caps[:, cell_group]  # [L, M] first dropped rank per step and over-full cell
+    priority = None if weights is None else weights.reshape(-1)[slots]
+    found = _sorted_drops(
+        slots, cell[slots], flat[slots], priority, experts, need, cell_count, cell_group, group_size
     )
-    rank = np.zeros(len(cell), dtype=np.int64)
-    over = np.flatnonzero(~fits[cell])  # arrival order kept: capacity_ranks' last tie-break
-    if len(over):
-        weights = layer.weights.reshape(-1)[valid][over] if policy == "probs" else None
-        rank[over] = capacity_ranks(cell[over], weights)
-    return _LayerRanks(token, expert, group, rank, lengths, token_bucket, n, over)
+    if found is not None:
+        return found
+    # too wide to pack: ranks in arrival order by the stable argsort
+    cid = np.cumsum(over)[cell[slots]] - 1  # the cell's index among the over-full ones
+    rank = capacity_ranks(cid, priority)
+    level = np.zeros(len(slots), dtype=np.int64)
+    for step in range(len(need)):
+        level += rank >= need[step][cid]
+    kept = level > 0
+    return slots[kept], level[kept]
 
 
 def _above(histogram: np.ndarray, levels: int) -> np.ndarray:
     """histogram [levels · W] of (level, column) → [levels − 1, W]: row j counts entries of level > j."""
     at_least = np.cumsum(histogram.reshape(levels, -1)[::-1], axis=0)[::-1]
     return at_least[1:]
-
-
-def _lowest_level(
-    token: np.ndarray, over: np.ndarray, level: np.ndarray, tokens: int, levels: int
-) -> np.ndarray:
-    """[N] the lowest drop level among each token's valid assignments (0 for one outside the over-full
-    cells); `levels` for a token without any (it loses nothing). `token` [A] is ascending."""
-    every = np.zeros(len(token), dtype=np.int64)
-    every[over] = level
-    lowest = np.full(tokens, levels, dtype=np.int64)
-    if len(token):
-        starts = np.flatnonzero(np.r_[True, token[1:] != token[:-1]])
-        lowest[token[starts]] = np.minimum.reduceat(every, starts)
-    return lowest
 
 
 @dataclass(frozen=True)
@@ -239,25 +396,14 @@ def replay_capacity(
     step_of = [ladder.index(float(cf)) for cf in cfs]
     levels = len(ladder) + 1
     for layer in routes.layers:
-        ranks = _rank_layer(layer, policy, buckets, ladder[0], exact, group_tokens)
+        drops = _drop_levels(layer, policy, buckets, ladder, exact, group_tokens)
         experts = int(layer.num_experts)
-        assigned = np.bincount(ranks.expert, minlength=experts)
-        assigned_bucket = np.bincount(ranks.token_bucket[ranks.token], minlength=buckets)
-        caps = [clamped_capacity(ranks.group_tokens, layer.k, experts, cf, exact) for cf in ladder]
-        over = ranks.over  # only these assignments can drop
-        o_rank, o_group, o_token = ranks.rank[over], ranks.group[over], ranks.token[over]
-        level = np.zeros(len(over), dtype=np.int64)
-        for cap in caps:
-            level += o_rank >= cap[o_group]
+        assigned, assigned_bucket, per_expert = drops.assigned, drops.assigned_bucket, drops.dropped
+        caps = list(drops.caps)
         # dropped at ladder step j ⇔ level > j: reverse cumulative sums of the level histograms
-        o_expert = ranks.expert[over]
-        per_expert = _above(np.bincount(level * experts + o_expert, minlength=levels * experts), levels)
-        per_bucket = _above(
-            np.bincount(level * buckets + ranks.token_bucket[o_token], minlength=levels * buckets), levels
-        )
+        per_bucket = _above(drops.bucket_levels, levels)
         # a token loses every slot at step j ⇔ the lowest level among its valid slots is > j
-        lowest = _lowest_level(ranks.token, over, level, ranks.tokens, levels)
-        all_dropped = _above(np.bincount(lowest[lowest < levels], minlength=levels), levels)[:, 0]
+        all_dropped = _above(drops.token_levels[:levels], levels)[:, 0]
         total = int(assigned.sum())
         for ci, cf in enumerate(cfs):
             j = step_of[ci]

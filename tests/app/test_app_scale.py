@@ -161,7 +161,7 @@ def test_views_at_scale(viewed, page: str) -> None:
 def test_routing_load_curve_carries_bootstrap_bands_at_scale(viewed) -> None:
     _, _, prompt = viewed
     at = run_page("pages/routing.py", timeout_s=300, model="sample:mixtral-healthy", prompt=prompt)
-    curve = next(c for c in at.get("vega_lite_chart") if "Expert load, layer" in c.proto.spec)
+    curve = next(c for c in at.get("vega_lite_chart") if "Expert load" in c.proto.spec)
     views = list(_views(json.loads(curve.proto.spec)))
     (band,) = [v for v in views if (v["encoding"].get("y2") or {}).get("field") == "util_high"]
     assert band["encoding"]["x"]["field"] == "rank" and band["encoding"]["y"]["field"] == "util_low"

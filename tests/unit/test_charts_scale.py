@@ -157,7 +157,12 @@ def test_token_strip_never_lists_hundreds_of_experts(big):
             assert colour["field"] == "group" and len(colour["scale"]["domain"]) == n_group
         else:
             assert colour["field"] == "expert" and colour["type"] == "quantitative"
-        assert spec["layer"][1]["transform"] == [{"filter": f"datum.expert == {routing.experts[0, 0]}"}]
+        # the outlined tokens come from a column of the data (another choice keeps the spec): exactly those
+        # whose top-1 is the chosen expert
+        assert spec["layer"][1]["transform"] == [{"filter": "datum.chosen"}]
+        data = spec_of_data(spec)
+        assert (data["chosen"] == (data["expert"] == int(routing.experts[0, 0]))).all()
+        assert data["chosen"].any()
 
 
 def test_expert_load_curve_is_sorted_with_the_fair_share(big):
@@ -166,6 +171,9 @@ def test_expert_load_curve_is_sorted_with_the_fair_share(big):
     chart = expert_load_curve_chart(layer, highlight=3)
     spec = check_spec(chart, data_rows=len(layer))
     data = spec_of_data(spec)
+    # the chosen expert is marked through a column of the data, not a constant of the spec
+    assert data.loc[data["chosen"], "expert"].tolist() == [3]
+    assert "datum.expert == 3" not in json.dumps(spec)
     assert data["count"].is_monotonic_decreasing and data["rank"].tolist() == list(range(len(layer)))
     assert {"datum": 1.0} in [layer["encoding"].get("y") for layer in spec["layer"]]
 
