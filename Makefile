@@ -15,7 +15,7 @@ VLLM_VENV  ?= .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.moeviz-vllm-installed
 
-.PHONY: setup app run test test-deps test-fast test-random lint bench chromium samples screenshots vllm docs
+.PHONY: setup app run test test-deps test-fast test-random lint bench bench-page chromium samples screenshots vllm docs
 
 setup: $(STAMP)
 
@@ -105,3 +105,7 @@ docs: setup
 bench: setup
 	$(PY) benchmarks/bench_capture_overhead.py
 	$(PY) benchmarks/bench_analysis.py
+
+# docs/benchmarks.md from benchmarks/results/*.json (each benchmark script re-renders it when it records)
+bench-page: setup
+	$(PY) scripts/benchmarks_page.py

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from playwright.sync_api import Page, sync_playwright
+from record import Figure, record
 
 import moeviz
 from moeviz.capture.forward import token_batch
@@ -37,6 +38,7 @@ MODEL = "sample:mixtral-healthy"
 TIMEOUT_MS = 300_000  # the 32k-token forward alone takes about a minute here
 REPEATS = 3
 HEATMAP_CELLS = '.st-key-heatmap [aria-roledescription="rect mark"]'
+SECTION, COMMAND = "The app in a browser", "python benchmarks/bench_app.py"
 
 # Resolves when `check()` (a JS expression) holds and nothing on the page is stale; polled every frame.
 _WAIT_JS = """([check, timeout]) => new Promise((resolve, reject) => {
@@ -160,10 +162,23 @@ def click_tokens(page: Page, where=(0.2, 0.45, 0.7)) -> list[float]:
     return clicks
 
 
-def report(name: str, values: list[float], target: float | None) -> None:
+def report(name: str, values: list[float], target: float | None) -> Figure:
+    """Print one interaction's times. → its figure (the median, and the spread over the repetitions; the
+    target is met when the slowest is under it)."""
     verdict = "" if target is None else ("  PASS" if max(values) < target else "  MISS") + f" (< {target} s)"
     each = ", ".join(f"{v:.2f}" for v in values)
     print(f"{name:<52} median {statistics.median(values):6.2f} s   [{each}]{verdict}", flush=True)
+    figure = f"{statistics.median(values):.2f} s"
+    if len(values) > 1:
+        figure += f" ({min(values):.2f}–{max(values):.2f}, {len(values)} times)"
+    return Figure(
+        SECTION,
+        f"{name}, wall",
+        figure,
+        COMMAND,
+        f"< {target:g} s, each" if target is not None else "",
+        None if target is None else max(values) < target,
+    )
 
 
 def main() -> None:
@@ -181,22 +196,25 @@ def main() -> None:
             page.evaluate(_WAIT_JS, [f"document.querySelectorAll('{HEATMAP_CELLS}').length > 0", TIMEOUT_MS])
             first = time.perf_counter() - t0
             print(f"{'first page (model load, example analysed)':<52} {first:6.2f} s", flush=True)
+            figures = [
+                Figure(SECTION, "first page (model load, example analysed), wall", f"{first:.2f} s", COMMAND)
+            ]
 
             submits = [
                 timed(page, submit(page, text), f"{caption_says(1000)} && {HEATMAP_CHANGED}")
                 for text in thousand
             ]
-            report("1,000-token prompt: submit → heatmap", submits, 3.0)
+            figures.append(report("1,000-token prompt: submit → heatmap", submits, 3.0))
 
             slider = page.get_by_role("slider", name="MoE layer")
             switches = []
             for key in ("ArrowRight", "ArrowRight", "ArrowRight", "Home"):  # layers 1, 2, 3, then 0
                 check = HEATMAP_CHANGED  # each layer draws other pixels
                 switches.append(timed(page, lambda k=key: slider.press(k), check))
-            report("switch MoE layer → heatmap (1,000 tokens)", switches, 0.5)
+            figures.append(report("switch MoE layer → heatmap (1,000 tokens)", switches, 0.5))
 
             clicks = click_tokens(page)
-            report("click a token → drill-down (1,000 tokens)", clicks, 0.5)
+            figures.append(report("click a token → drill-down (1,000 tokens)", clicks, 0.5))
 
             page.evaluate(_HEARTBEAT_JS)
             binned = "document.querySelector('.st-key-binned canvas, .st-key-binned svg.marks') !== null"
@@ -205,14 +223,18 @@ def main() -> None:
                 upload(page, longest, tmp),
                 f"{caption_says(limit)} && {HEATMAP_CHANGED} && {binned}",
             )
-            report(f"{limit}-token prompt file (whole context): submit → views", [long_submit], None)
+            figures.append(
+                report(f"{limit}-token prompt file (whole context): submit → views", [long_submit], None)
+            )
             long_switch = timed(
                 page,
                 lambda: slider.press("ArrowRight"),
                 HEATMAP_CHANGED,
             )
-            report(f"switch MoE layer ({limit} tokens)", [long_switch], 0.5)
-            report(f"click a token → drill-down ({limit} tokens)", click_tokens(page, (0.3,)), 0.5)
+            figures.append(report(f"switch MoE layer ({limit} tokens)", [long_switch], 0.5))
+            figures.append(
+                report(f"click a token → drill-down ({limit} tokens)", click_tokens(page, (0.3,)), 0.5)
+            )
             grid = (
                 "document.querySelectorAll(\".st-key-heads_mean_entropy [aria-roledescription='rect mark']\")"
             )
@@ -224,7 +246,7 @@ def main() -> None:
                 lambda: page.get_by_role("link", name="Attention").click(),
                 f"{grid}.length === 16 && {shown}",
             )
-            report(f"Attention page, {limit} tokens: head grid + map", [attention], None)
+            figures.append(report(f"Attention page, {limit} tokens: head grid + map", [attention], None))
             gaps = page.evaluate("() => { clearInterval(window.__beat); return window.__gaps; }")
             long_tasks = page.evaluate("() => window.__long")
             marks = page.evaluate(
@@ -236,8 +258,18 @@ def main() -> None:
                 f"{len(long_tasks)} long tasks (max {max(long_tasks, default=0):.0f} ms); "
                 f"{marks} marks on the Attention page"
             )
+            figures.append(
+                Figure(
+                    SECTION,
+                    f"the tab while the {limit}-token prompt file runs",
+                    f"longest gap of a 20 ms timer {max(gaps):.0f} ms; {len(long_tasks)} long tasks "
+                    f"(longest {max(long_tasks, default=0):.0f} ms)",
+                    COMMAND,
+                )
+            )
         finally:
             browser.close()
+    record("app", figures)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the scale models live with the tests
+from record import Figure, flags, record
+
 import moeviz
 from moeviz.models.loading import LoadedModel
 from tests.support.scale_models import save_scale_model
@@ -153,6 +155,12 @@ def main() -> None:
             flush=True,
         )
     names = list(loaded)
+    command = f"python benchmarks/bench_capture_scale.py{flags(parser, args)}"
+    shape = (
+        f"DeepSeek-V3-shaped model ({len(first.sites)} MoE layers × {first.sites[0].num_experts} experts), "
+        f"{args.tokens:,} tokens"
+    )
+    figures = []
     for name in names:
         ratios = [run[f"capture {name}"] / run[f"plain {name}"] for run in results]
         median = statistics.median(ratios)
@@ -162,12 +170,32 @@ def main() -> None:
             f"moeviz's part {100 * (median - 1):+.1f}% of the plain forward; target <= {100 * TARGET:.0f}%: "
             f"{verdict}"
         )
+        figures.append(
+            Figure(
+                "Capture",
+                f"routing capture vs a plain forward, experts `{name}`, {shape}",
+                f"{median:.3f}× ({min(ratios):.3f}–{max(ratios):.3f}): "
+                f"moeviz's part {100 * (median - 1):+.1f}%",
+                command,
+                f"≤ {100 * TARGET:.0f}%",
+                median - 1 <= TARGET,
+            )
+        )
     for name in names[1:]:
         speedups = [run[f"plain {names[0]}"] / run[f"plain {name}"] for run in results]
         print(
             f"  plain {names[0]} / plain {name}: {statistics.median(speedups):.2f}x "
             f"(spread {min(speedups):.2f}–{max(speedups):.2f})"
         )
+        figures.append(
+            Figure(
+                "Capture",
+                f"plain forward, experts `{name}` vs `{names[0]}`, {shape}",
+                f"{statistics.median(speedups):.2f}× faster ({min(speedups):.2f}–{max(speedups):.2f})",
+                command,
+            )
+        )
+    record("capture_scale", figures)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np
 import pandas as pd
 import torch
+from record import Figure, flags, record
 
 from moeviz.analysis.engine_diff import engine_diff
 from moeviz.trace import TOKEN_COLUMNS, LayerRouting, ModelInfo, Trace
@@ -120,6 +121,7 @@ def main() -> None:
         f"({flips / (args.tokens * args.layers):.2%}); torch threads {torch.get_num_threads()}, "
         f"{args.repeats} repeats"
     )
+    figures = []
     for name, b in cases.items():
         values, result = [], None
         for _ in range(args.repeats):
@@ -131,6 +133,18 @@ def main() -> None:
             f"  {name}: {statistics.median(values):.2f} s CPU (spread {spread}); router mismatch "
             f"{result.router_mismatch:.4f}, tokens differing in ≥ 1 layer {result.tokens_any_layer:.3f}"
         )
+        median = statistics.median(values)
+        figures.append(
+            Figure(
+                "Engine import and diff",
+                f"`engine_diff`, {args.tokens:,} tokens × {args.layers} layers × k = {K}, E = {E}: {name}",
+                f"{median:.2f} s CPU ({spread})",
+                f"python benchmarks/bench_engine_diff.py{flags(parser, args)}",
+                "< 5 s",
+                median < 5,
+            )
+        )
+    record("engine_diff", figures)
 
 
 if __name__ == "__main__":

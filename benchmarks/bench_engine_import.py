@@ -28,6 +28,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
+from record import Figure, flags, record
 
 LAYERS, K, EXPERTS, PROMPT = 48, 8, 128, 256
 # Qwen3-30B-A3B's routing facts, narrow widths (the importer builds the model on the meta device only)
@@ -154,6 +155,36 @@ def main() -> None:
             f"ids {ids * 4 / 2**20:,.0f} MiB at int32 (peak {peak / (ids * 4):.2f}×), "
             f"{ids / 2**20:,.0f} MiB as written, uint8 (peak {peak / ids:.2f}×); target < 2×"
         )
+    size = (
+        f"{args.responses:,} responses × {args.rows:,} routed tokens × {LAYERS} layers × k = {K} "
+        f"({ids:,} ids)"
+    )
+    command = f"python benchmarks/bench_engine_import.py{flags(parser, args)}"
+    median = statistics.median(ours)
+    record(
+        "engine_import",
+        [
+            Figure(
+                "Engine import and diff",
+                f"vLLM `routed_experts` JSONL import + validate, {size}; peer: a plain decode, no checks",
+                f"{median:.2f} s CPU ({spread}); plain decode {statistics.median(peer):.2f} s "
+                f"({min(peer):.2f}–{max(peer):.2f}); ratio {statistics.median(ratios):.2f}× "
+                f"({min(ratios):.2f}–{max(ratios):.2f})",
+                command,
+                "< 10 s",
+                median < 10,
+            ),
+            Figure(
+                "Engine import and diff",
+                f"peak memory of that import (tracemalloc), {size}",
+                f"{peak / 2**20:,.0f} MiB: {peak / (ids * 4):.2f}× the ids at int32, {peak / ids:.2f}× as "
+                f"written (uint8); {held / 2**20:,.0f} MiB held by the Trace",
+                command,
+                "< 2× the ids (int32)",
+                peak / (ids * 4) < 2,
+            ),
+        ],
+    )
 
 
 if __name__ == "__main__":

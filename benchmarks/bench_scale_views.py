@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import altair as alt
 import pandas as pd
+from record import Figure, flags, record
 
 from moeviz.analysis import confidence_frame, expert_balance_frame
 from moeviz.analysis.expert_order import expert_order
@@ -37,7 +38,9 @@ def best_of(fn: Callable[[], object], repeats: int) -> tuple[object, float]:
     return out, best
 
 
-def bench_shape(name: str, tokens: int, repeats: int) -> None:
+def bench_shape(name: str, tokens: int, repeats: int) -> tuple[str, str, bool]:
+    """Print the shape's frame and chart timings. → (the shape in words, its slowest spec build in words,
+    whether every build is under 0.5 s)."""
     trace, seconds = best_of(lambda: shaped_trace(name, num_tokens=tokens), 1)
     mid = trace.layers[len(trace.layers) // 2]
     print(
@@ -86,6 +89,7 @@ def bench_shape(name: str, tokens: int, repeats: int) -> None:
         "token_margin_chart": lambda: token_margin_chart(conf[conf["pos"] == 100]),
     }
     print(f"  {'chart':<36} {'build':>8} {'to_dict':>8} {'rows':>7} {'JSON':>8}")
+    builds: dict[str, float] = {}
     for label, fn in charts.items():
         chart, build = best_of(fn, repeats)
         spec, to_dict = best_of(chart.to_dict, repeats)
@@ -93,6 +97,14 @@ def bench_shape(name: str, tokens: int, repeats: int) -> None:
         size = len(json.dumps(spec)) / 1e6
         flag = "" if build < 0.5 else "  (over 0.5 s)"
         print(f"  {label:<36} {build:7.3f}s {to_dict:7.3f}s {rows:7d} {size:6.2f}MB{flag}")
+        builds[label] = build
+    slowest = max(builds, key=builds.__getitem__)
+    under = sum(seconds < 0.5 for seconds in builds.values())
+    shape = (
+        f"{name}: {len(trace.layers)} MoE layers × {mid.num_experts} experts, top-{mid.k}, {tokens:,} tokens"
+    )
+    summary = f"slowest {builds[slowest]:.3f} s (`{slowest}`); {under} of {len(builds)} charts under 0.5 s"
+    return shape, summary, under == len(builds)
 
 
 def main() -> None:
@@ -101,8 +113,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     alt.data_transformers.disable_max_rows()  # Streamlit ships chart data as Arrow, without altair's guard
+    figures = []
     for name in SHAPES:
-        bench_shape(name, args.tokens, args.repeats)
+        shape, summary, met = bench_shape(name, args.tokens, args.repeats)
+        figures.append(
+            Figure(
+                "Views at scale",
+                f"each chart's spec built (wall, best of {args.repeats}), {shape}",
+                summary,
+                f"python benchmarks/bench_scale_views.py{flags(parser, args)}",
+                "< 0.5 s each",
+                met,
+            )
+        )
+    record("scale_views", figures)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from record import Figure, flags, record
+
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "The quick brown fox jumps over the lazy dog."
 SAMPLE = "sample:mixtral-healthy"
@@ -120,7 +122,7 @@ def print_table(samples: dict[str, Samples], peer_of: dict[str, str]) -> None:
         print(f"{name:44} {spread(got.wall):>26} {spread(got.cpu):>26}  {ratio}")
 
 
-def bench_cli(base: Path | None, repeats: int) -> None:
+def bench_cli(base: Path | None, repeats: int, command: str) -> list[Figure]:
     trees = {"this checkout": REPO, **({"previous version": base} if base else {})}
     for tree in trees.values():
         check_tree(tree)
@@ -135,7 +137,25 @@ def bench_cli(base: Path | None, repeats: int) -> None:
     for peer, code in PEERS.items():
         contenders[f"peer: {peer}"] = lambda code=code: timed_process([sys.executable, "-c", code])
     print(f"CLI: {repeats} rounds, each command in a fresh interpreter")
-    print_table(rounds(contenders, repeats), peer_of)
+    samples = rounds(contenders, repeats)
+    print_table(samples, peer_of)
+    figures = []
+    for name, got in samples.items():
+        peer = samples.get(peer_of.get(name, ""))
+        beside = ""
+        if peer:
+            ratio = statistics.median(got.cpu) / statistics.median(peer.cpu)
+            beside = f"; {ratio:.3f}× the CPU of `{peer_of[name].removeprefix('peer: ')}`"
+        what = f"`moeviz {name}`" if not name.startswith(("peer:", "import moeviz")) else f"`{name}`"
+        figures.append(
+            Figure(
+                "Start-up",
+                f"{what}, a fresh interpreter",
+                f"CPU {spread(got.cpu).strip()} s, wall {spread(got.wall).strip()} s{beside}",
+                command,
+            )
+        )
+    return figures
 
 
 # ---- the app's first page ------------------------------------------------------------------------------
@@ -203,7 +223,7 @@ def wait_healthy(url: str, server: subprocess.Popen, log, timeout_s: float = 120
     raise SystemExit(f"streamlit not healthy after {timeout_s} s")
 
 
-def bench_app(base: Path | None, repeats: int) -> None:
+def bench_app(base: Path | None, repeats: int, command: str) -> list[Figure]:
     from playwright.sync_api import sync_playwright
 
     from tests.support.server import CHROMIUM, CHROMIUM_ARGS
@@ -219,9 +239,19 @@ def bench_app(base: Path | None, repeats: int) -> None:
         browser.close()
     print(f"\nApp: the Routing page's first run on a cold server, {repeats} servers per version")
     print(f"{'version':18} " + " ".join(f"{m + ' s':>24}" for m in results[labels[0]][0]))
+    figures = []
     for label, runs_of in results.items():
         cells = [spread([run[m] for run in runs_of]) for m in runs_of[0]]
         print(f"{label:18} " + " ".join(f"{c:>24}" for c in cells))
+        figures.append(
+            Figure(
+                "Start-up",
+                f"the app's Routing page on a cold server, default sample, real Chromium [{label}]",
+                "; ".join(f"{m} {cell.strip()} s" for m, cell in zip(runs_of[0], cells, strict=True)),
+                command,
+            )
+        )
+    return figures
 
 
 def main() -> None:
@@ -234,11 +264,14 @@ def main() -> None:
     base = args.base.resolve() if args.base else None
     sys.path.insert(0, str(REPO))  # the browser helpers live with the tests
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    command = f"python benchmarks/bench_startup.py{flags(parser, args)}"
+    figures = []
     if not args.no_cli:
-        bench_cli(base, args.repeats)
+        figures += bench_cli(base, args.repeats, command)
     if args.app:
-        bench_app(base, args.repeats)
+        figures += bench_app(base, args.repeats, command)
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
+    record("startup", figures)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from record import Figure, record
 
 import moeviz
 from moeviz.samples import eval_dir
@@ -20,11 +21,13 @@ from moeviz.store import StoreQuery, TraceSettings, write_corpus
 from moeviz.store.layout import append_manifest
 from moeviz.store.schema import store_schema
 from moeviz.store.writer import finish_run, prepare_run
+from moeviz.testing.scale_traces import SYNTHETIC_RUN
 
 BATCHES, BATCH, CHUNK = 12, 8, 256
+COMMAND = "python benchmarks/bench_store.py"
 
 
-def storage(loaded, store: Path, num_batches: int = BATCHES) -> None:
+def storage(loaded, store: Path, num_batches: int = BATCHES) -> Figure:
     """Bytes the store keeps per routed token and layer (the throughput is bench_trace_throughput.py's)."""
     run = write_corpus(
         loaded, eval_dir(), store, settings=TraceSettings(BATCH, CHUNK, num_batches), progress=False
@@ -36,11 +39,19 @@ def storage(loaded, store: Path, num_batches: int = BATCHES) -> None:
         f"{loaded.info.source}: {stored:.1f} bytes per routed token per layer (all columns, zstd) vs {4 * e} "
         f"bytes for full fp32 router logits alone (E = {e}); ratio {stored / (4 * e):.2f}"
     )
+    return Figure(
+        "Store and tracing",
+        f"bytes per routed token per layer (all columns, zstd), {loaded.info.source}, "
+        f"{num_batches} batches of {BATCH} × {CHUNK} tokens",
+        f"{stored:.1f} bytes (fp32 router logits alone at E = {e}: {4 * e} bytes; "
+        f"ratio {stored / (4 * e):.2f})",
+        COMMAND,
+    )
 
 
-def aggregation(root: Path, rows: int = 10_000_000) -> None:
+def aggregation(root: Path, rows: int = 10_000_000) -> Figure:
     rng = np.random.default_rng(0)
-    folder, _ = prepare_run(root, "synthetic", "final", {"source": "synthetic"}, resume=False)
+    folder, _ = prepare_run(root, "synthetic", "final", dict(SYNTHETIC_RUN), resume=False)
     per_part = 1_000_000
     for i in range(rows // per_part):
         n = per_part
@@ -77,13 +88,21 @@ def aggregation(root: Path, rows: int = 10_000_000) -> None:
     print(
         f"{rows:,} rows aggregated per layer x expert ({len(frame)} groups) in {elapsed:.2f}s (target < 3 s)"
     )
+    return Figure(
+        "Store and tracing",
+        f"{rows:,} rows aggregated per layer × expert (wall, one run)",
+        f"{elapsed:.2f} s",
+        COMMAND,
+        "< 3 s",
+        elapsed < 3,
+    )
 
 
 def main() -> None:
     loaded = moeviz.load_model("sample:mixtral-healthy")
     with tempfile.TemporaryDirectory() as tmp:
-        storage(loaded, Path(tmp) / "store")
-        aggregation(Path(tmp) / "big")
+        figures = [storage(loaded, Path(tmp) / "store"), aggregation(Path(tmp) / "big")]
+    record("store", figures)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_capture_overhead import mid_size_mixtral
+from record import Figure, flags, record
 
 import moeviz
 from moeviz.samples import eval_dir
@@ -126,12 +127,27 @@ def main() -> None:
     print(f"torch threads: {torch.get_num_threads()}, repeats: {args.repeats} (interleaved)")
     rows = [(case, measure(case, eval_dir(), args.repeats)) for case in cases]
     print("\nthroughput ratio trace / plain forward: median (min–max)")
+    figures = []
     for case, res in rows:
-        met = "met" if statistics.median(res["wall"]) >= case.target else "NOT MET"
+        met = statistics.median(res["wall"]) >= case.target
         print(
             f"  {case.name:<24} wall {spread(res['wall'])}   per CPU second {spread(res['cpu'])}   "
-            f"target (wall) >= {case.target}: {met}"
+            f"target (wall) >= {case.target}: {'met' if met else 'NOT MET'}"
         )
+        settings = case.settings
+        figures.append(
+            Figure(
+                "Store and tracing",
+                f"`write_corpus` vs a plain forward, tokens/s, {case.name}, "
+                f"{settings.max_batches} batches of "
+                f"{settings.batch_size} × {settings.chunk_tokens}",
+                f"{spread(res['wall'])} (wall); per CPU second {spread(res['cpu'])}",
+                f"python benchmarks/bench_trace_throughput.py{flags(parser, args)}",
+                f"≥ {case.target} (wall)",
+                met,
+            )
+        )
+    record("trace_throughput", figures)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,9 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from record import Figure, flags
+from record import record as record_figures
+
 
 def prompts_of(model: str, count: int, length: int) -> list[list[int]]:
     """`count` prompts of `length` token ids cut from the sample evaluation slices (all domains)."""
@@ -89,6 +92,32 @@ def main() -> None:
             f"wall {statistics.median(plain_wall):.2f} s vs {statistics.median(capture_wall):.2f} s); "
             f"target ≤ 1.05×: {'met' if median <= 1.05 else 'NOT met'}"
         )
+    command = f"python benchmarks/bench_vllm_capture.py{flags(parser, args)}"  # needs `make vllm`
+    size = (
+        f"{args.model}, {args.dtype}, {args.prompts} prompts × ({args.prompt_tokens} + {args.generate} "
+        "generated)"
+    )
+    record_figures(
+        "vllm_capture",
+        [
+            Figure(
+                "Capture",
+                f"live vLLM capture vs vLLM with no callback (needs `make vllm`), worker CPU time, {size}",
+                f"{median:.3f}× ({min(ratios):.3f}–{max(ratios):.3f}); "
+                f"plain {statistics.median(plain_cpu):.2f} s, capture {statistics.median(capture_cpu):.2f} s",
+                command,
+                "≤ 1.05×",
+                median <= 1.05,
+            ),
+            Figure(
+                "Capture",
+                f"vLLM engine start as the caller sees it, {args.model}, {args.dtype} (one start)",
+                f"{started:.1f} s (vLLM import {session.import_s:.1f} s, "
+                f"LLM(...) {session.engine_start_s:.1f} s)",
+                command,
+            ),
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -20,9 +20,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 import torch
+from record import Figure, record
 
 from moeviz.whatif.ep import MAX_SLOTS, TRAFFIC_MAX_SLOTS, EPConfig, traffic_placement
 from moeviz.whatif.eplb import rebalance_experts
+
+COMMAND = "python benchmarks/bench_whatif_bounds.py"
 
 
 def loads(experts: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -46,6 +49,7 @@ def cpu_seconds(work, repeats: int = 3) -> tuple[float, float, float]:
 
 def main() -> None:
     torch.set_num_threads(1)
+    figures = []
     for experts, gpus, per_node in ((256, 8, 8), (64, 8, 8)):
         config = EPConfig(
             gpus=gpus, gpus_per_node=per_node, redundant=TRAFFIC_MAX_SLOTS - experts, placement="traffic"
@@ -57,6 +61,15 @@ def main() -> None:
             f"traffic, P = {TRAFFIC_MAX_SLOTS} (E {experts} + R {TRAFFIC_MAX_SLOTS - experts}) on {gpus} "
             f"GPUs, {per_node} per node: {median:.2f} s CPU per layer (spread {low:.2f}–{high:.2f})"
         )
+        figures.append(
+            Figure(
+                "Deployment what-ifs",
+                f"`traffic` placement at its bound, P = {TRAFFIC_MAX_SLOTS} (E {experts} + "
+                f"R {TRAFFIC_MAX_SLOTS - experts}) on {gpus} GPUs, {per_node} per node, per layer",
+                f"{median:.2f} s CPU ({low:.2f}–{high:.2f})",
+                COMMAND,
+            )
+        )
     experts, gpus = 256, 256
     redundant = experts * (gpus - 1)
     assert experts + redundant == MAX_SLOTS
@@ -67,6 +80,16 @@ def main() -> None:
         f"eplb, R = E·(G − 1) = {redundant:,} (P = {experts + redundant:,}) on {gpus} GPUs: {median:.2f} s "
         f"CPU per layer (spread {low:.2f}–{high:.2f})"
     )
+    figures.append(
+        Figure(
+            "Deployment what-ifs",
+            f"`eplb` at its bound, R = E·(G − 1) = {redundant:,} (P = {experts + redundant:,}) on {gpus} "
+            "GPUs, per layer",
+            f"{median:.2f} s CPU ({low:.2f}–{high:.2f})",
+            COMMAND,
+        )
+    )
+    record("whatif_bounds", figures)
 
 
 if __name__ == "__main__":

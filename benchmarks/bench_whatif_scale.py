@@ -26,6 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+from record import Figure, flags, record
 
 from benchmarks.bench_whatif import BASELINE, baseline_module
 from moeviz.capture.forward import capture
@@ -79,13 +80,25 @@ def main() -> None:
             times[name].append(timed(run))
     forward = statistics.median(times["one plain forward"])
     print(f"DeepSeek-V3-shaped model (256 experts, 58 MoE layers, narrow), {args.tokens:,} tokens, 1 thread")
+    figures = []
     for name, values in times.items():
         median = statistics.median(values)
         print(
             f"  {name}: {median:.2f} s CPU (spread {min(values):.2f}–{max(values):.2f}), "
             f"{median / forward:.2f}× the plain forward"
         )
+        figures.append(
+            Figure(
+                "Deployment what-ifs",
+                f"{name}, DeepSeek-V3-shaped model (256 experts, 58 MoE layers, narrow), "
+                f"{args.tokens:,} tokens",
+                f"{median:.2f} s CPU ({min(values):.2f}–{max(values):.2f}), "
+                f"{median / forward:.2f}× the plain forward",
+                f"python benchmarks/bench_whatif_scale.py{flags(parser, args)}",
+            )
+        )
     print(f"  quantisation per-layer frame identical to {args.baseline}'s: {same}")
+    record("whatif_scale", figures)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pandas as pd
@@ -30,7 +30,17 @@ if TYPE_CHECKING:
     from moeviz.trace import ExpertLoad
 
 
-def expert_counts(routing: LayerRouting) -> np.ndarray:
+class ExpertSlots(Protocol):
+    """What `expert_counts` reads: a LayerRouting, or the what-if simulators' LayerRoutes."""
+
+    @property
+    def experts(self) -> np.ndarray: ...  # [N, k], -1 = a dropped slot
+
+    @property
+    def num_experts(self) -> int: ...
+
+
+def expert_counts(routing: ExpertSlots) -> np.ndarray:
     """Tokens dispatched to each expert [E] (a token counts once per expert it was sent to; E counts a
     layer's zero-computation experts too, the last ids: balance counts them apart, `routed_counts`). Takes
     anything with `experts [N, k]` and `num_experts` (also the what-if simulators' LayerRoutes)."""
@@ -266,7 +276,7 @@ def balance_from_counts(
     values = {name: v[0].item() for name, v in balance_indicators(c, tokens, top_k).items()}
     balancedness = float("nan")
     if devices is not None:  # raises on E % D != 0 even without load
-        balancedness = ep_balancedness(contiguous_device_load(c, devices))
+        balancedness = float(ep_balancedness(contiguous_device_load(c, devices)))  # one layer: [D] → a float
     return BalanceStats(
         tokens=int(tokens),
         top_k=int(top_k),

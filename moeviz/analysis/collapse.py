@@ -454,10 +454,11 @@ def load_collapse_report(
     layers = []
     for i, (layer, balance) in enumerate(zip(load.layers, stats, strict=True)):
         lengths = [int(v) for v in per_step[:, i] if v > 0] if steps_are_sequences else None
-        verdict = judge_layer(
-            layer, "mlp", balance, float("nan"), None, t, layers=n, sequence_lengths=lengths or None
+        layers.append(
+            judge_layer(
+                layer, "mlp", balance, float("nan"), None, t, layers=n, sequence_lengths=lengths or None
+            )
         )
-        layers.append(verdict)
     verdict = max((lv.verdict for lv in layers), default=Verdict.HEALTHY)
     return CollapseReport(verdict, layers, t)
 

@@ -129,13 +129,13 @@ def _hypergeom(total: int, successes: int, draws: int, observed: int, alpha: flo
     if high - low + 1 <= EXACT_SUPPORT:
         xs = np.arange(low, high + 1)
         log_pmf = np.array(
-            [_log_comb(successes, x) + _log_comb(total - successes, draws - x) for x in xs]
+            [_log_comb(successes, int(x)) + _log_comb(total - successes, draws - int(x)) for x in xs]
         ) - _log_comb(total, draws)
         pmf = np.exp(log_pmf - log_pmf.max())
         pmf /= pmf.sum()
         cdf = np.cumsum(pmf)
         q_lo = int(xs[np.searchsorted(cdf, alpha / 2 - 1e-12)])
-        q_hi = int(xs[min(np.searchsorted(cdf, 1 - alpha / 2 - 1e-12), len(xs) - 1)])
+        q_hi = int(xs[min(int(np.searchsorted(cdf, 1 - alpha / 2 - 1e-12)), len(xs) - 1)])
         tail = float(pmf[xs >= observed].sum())
         return q_lo, q_hi, min(tail, 1.0)
     mean = draws * successes / total

@@ -472,7 +472,8 @@ def engine_diff(a: Trace, b: Trace, *, chunk: int = CHUNK_ROWS) -> EngineDiff:
     row_arrays: dict[int, tuple[np.ndarray, int]] = {}  # id → (rows in a.tokens, layers that paired them)
     differing = _Differing()
     rows_out, margin_rows = [], []
-    totals = {"pairs": 0, "mismatched": 0, "top1_pairs": 0, "top1_mismatched": 0, "jaccard": 0.0}
+    totals = {"pairs": 0, "mismatched": 0, "top1_pairs": 0, "top1_mismatched": 0}
+    jaccard_total = 0.0
     logits_all_equal = True
     for index, (x, y) in enumerate(layer_pairs):
         key = (id(x.token_rows), id(y.token_rows))
@@ -545,7 +546,7 @@ def engine_diff(a: Trace, b: Trace, *, chunk: int = CHUNK_ROWS) -> EngineDiff:
         )
         totals["pairs"] += n
         totals["mismatched"] += len(mis)
-        totals["jaccard"] += jaccard_sum
+        jaccard_total += jaccard_sum
         if ranked:
             totals["top1_pairs"] += n
             totals["top1_mismatched"] += top1_mis
@@ -566,7 +567,7 @@ def engine_diff(a: Trace, b: Trace, *, chunk: int = CHUNK_ROWS) -> EngineDiff:
         mismatched=totals["mismatched"],
         router_mismatch=totals["mismatched"] / pairs if pairs else nan,
         top1_mismatch=totals["top1_mismatched"] / top1_pairs if top1_pairs else nan,
-        jaccard=totals["jaccard"] / pairs if pairs else nan,
+        jaccard=jaccard_total / pairs if pairs else nan,
         layers=pd.DataFrame(rows_out),
         routers_differing=routers_differing,
         margin_side=margin_side,

@@ -49,7 +49,8 @@ def symmetric_coactivation(
         j = coactivation["co_expert"].to_numpy(dtype=np.int64)
         flat = i * e + j
         values = np.nan_to_num(coactivation[column].to_numpy(dtype=np.float64))
-        total = np.bincount(flat, weights=values, minlength=e * e).reshape(e, e)
+        # float64 with weights (numpy's stub says intp whatever the weights)
+        total: np.ndarray = np.bincount(flat, weights=values, minlength=e * e).reshape(e, e)
         if column == "coactivation":
             total /= np.maximum(np.bincount(flat, minlength=e * e).reshape(e, e), 1)
         matrix = total

@@ -265,12 +265,12 @@ def aux_notice(terms: pd.DataFrame, k: int, layer: int, *, tokens: int | None = 
             f"{loss / k:.3f}× that ({relation} it). But {short}"
         )
     more_tokens, more_probability = bool(top.f > k / e), bool(1 / e < top.P)
-    tokens, f_sign = ("more", ">") if more_tokens else ("no more", "≤")
+    f_word, f_sign = ("more", ">") if more_tokens else ("no more", "≤")
     probability, p_sign = ("more", ">") if more_probability else ("no more", "≤")
     return (
         f"L = E·Σ f·P reads k = {k} when the load is even and grows when the busy experts also get the "
         f"probability; at layer {layer} it is {loss:.4f}, {loss / k:.3f}× that ({relation} it). Expert "
-        f"{int(top.expert)} adds the most, {e}·{top.f:.3f}·{top.P:.3f} = {top.term:.3f}: {tokens} than its "
+        f"{int(top.expert)} adds the most, {e}·{top.f:.3f}·{top.P:.3f} = {top.term:.3f}: {f_word} than its "
         f"share of the tokens (f = {top.f:.3f} {f_sign} k/E = {k / e:.3f}) and "
         f"{probability} than its share of the probability (P = {top.P:.3f} {p_sign} "
         f"1/E = {1 / e:.3f})."

@@ -135,7 +135,7 @@ def _weights(source: Any) -> _Weights:
 
     model = source if isinstance(source, torch.nn.Module) else getattr(source, "model", source)  # LoadedModel
     if isinstance(model, torch.nn.Module):
-        config = getattr(model, "config", None)
+        config: Any = getattr(model, "config", None)
         raw = config.to_dict() if hasattr(config, "to_dict") else None
         return _from_tensors(model.state_dict(), raw)
     if isinstance(source, Mapping):
@@ -144,7 +144,9 @@ def _weights(source: Any) -> _Weights:
 
 
 def _config_value(config: dict, names: tuple[str, ...]) -> Any:
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        text = {}
     for name in names:
         for where in (config, text):
             if where.get(name) is not None:
@@ -157,7 +159,9 @@ def _routers(weights: _Weights) -> dict[str, tuple[int, str]]:
     found = {}
     for key in weights.keys:
         match = _ROUTER.match(key)
-        layer = layer_index(match["prefix"]) if match else None
+        if match is None:
+            continue
+        layer = layer_index(match["prefix"])
         if layer is not None and len(weights.shape(key)) == 2:
             found[key] = (layer, match["prefix"])
     return found

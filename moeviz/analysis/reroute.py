@@ -223,7 +223,9 @@ def reroute(routing: LayerRouting, settings: RerouteSettings, seqs: np.ndarray |
         probe = dataclasses.replace(
             routing, logits=logits, score_fn=settings.score_fn, bias=bias, bias_on=settings.bias_on
         )
-        choose_on = np.where(eligible_experts(probe), selection, np.float32(-np.inf))
+        eligible = eligible_experts(probe)
+        assert eligible is not None  # `_groups` found the group limit binding, as eligible_experts checks it
+        choose_on = np.where(eligible, selection, np.float32(-np.inf))
     experts = top_k_indices(choose_on, k) if n else np.zeros((0, k), dtype=np.int64)
     weights = np.take_along_axis(scores, experts, axis=1)
     if settings.renormalise:

@@ -72,7 +72,9 @@ def domain_specialisation_frame(
 
 
 # ---- null baselines ---------------------------------------------------------------------------------------
-def null_columns(observed: np.ndarray, null: np.ndarray | None, sigmas: float = 2.0) -> dict[str, np.ndarray]:
+def null_columns(
+    observed: np.ndarray | Sequence[float], null: np.ndarray | None, sigmas: float = 2.0
+) -> dict[str, np.ndarray]:
     """Compare `observed` [M] with shuffle samples `null` [S, M].
 
     Returns shuffle_mean, shuffle_std, shuffle_lo / shuffle_hi (2.5 % / 97.5 % quantiles), z = (observed −

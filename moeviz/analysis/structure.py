@@ -213,7 +213,7 @@ def coactivation_counts(routing: LayerRouting, adjacent_only: bool = False) -> t
     if not adjacent_only:
         mask = dispatch_mask(experts, e).astype(np.float64)
         return mask.T @ mask, counts
-    pair = np.zeros(e * e, dtype=np.float64)
+    pair: np.ndarray = np.zeros(e * e, dtype=np.float64)  # [E·E], then [E, E]
     for r in range(experts.shape[1] - 1):
         # int64: an imported trace keeps ids in int16, where x · E + y overflows for E > 181
         x, y = experts[:, r].astype(np.int64), experts[:, r + 1].astype(np.int64)

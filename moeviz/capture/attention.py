@@ -270,7 +270,8 @@ def _delta_kernel_wrapper(original: Callable, kind: str) -> Callable:
             )
         return original(query, key, value, g, beta, *args, **kwargs)
 
-    recording_delta_rule.__wrapped__ = original
+    # a function takes any attribute; typeshed types only those every function has
+    recording_delta_rule.__wrapped__ = original  # type: ignore[attr-defined]
     return recording_delta_rule
 
 

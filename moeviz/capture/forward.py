@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -265,6 +266,7 @@ def _run(loaded: LoadedModel, batch: list[list[int]], generate: int) -> dict[str
     attention = torch.from_numpy(mask.astype(np.int64)).to(device)
     width = ids.shape[1]
     if generate == 0:
+        model_class: type = type(loaded.model)
         if loaded.is_encoder_decoder:
             dec_ids, dec_mask = _shift_right(ids, mask, _decoder_start(loaded.model.config), pad_id)
             out = loaded.model(
@@ -272,14 +274,12 @@ def _run(loaded: LoadedModel, batch: list[list[int]], generate: int) -> dict[str
                 attention_mask=attention,
                 decoder_input_ids=torch.from_numpy(dec_ids).to(device),
                 decoder_attention_mask=torch.from_numpy(dec_mask.astype(np.int64)).to(device),
-                **_without_cache(type(loaded.model)),
+                **_without_cache(model_class),
             )
             decoder = _stream("decoder", dec_ids, dec_mask, [slice(0, dec_ids.shape[1])])
             decoder.predicted[:] = _argmax(out.logits)
             return {"input": _stream("input", ids, mask, [slice(0, width)]), "decoder": decoder}
-        out = loaded.model(
-            input_ids=input_ids, attention_mask=attention, **_without_cache(type(loaded.model))
-        )
+        out = loaded.model(input_ids=input_ids, attention_mask=attention, **_without_cache(model_class))
         stream = _stream("input", ids, mask, [slice(0, width)])
         if not loaded.is_token_classifier:  # a token classifier's logits are labels, not next tokens
             stream.predicted[:] = _argmax(out.logits)
@@ -315,7 +315,7 @@ def _run(loaded: LoadedModel, batch: list[list[int]], generate: int) -> dict[str
 
 
 @functools.cache
-def _without_cache(model_class: type) -> dict[str, bool]:
+def _without_cache(model_class: type[Any]) -> dict[str, bool]:
     """`use_cache=False` for a model whose forward names the argument: the KV cache of a single forward is
     never read, and building it costs ~2% of a small model's forward (every layer's keys and values copied
     into it). Empty for a forward without it (remote code), which then runs as it is."""
@@ -467,8 +467,8 @@ def _decode_site(
         per_call = calls[site.stream] = []
         for cols in stream.calls:
             rows = grid[:, cols].reshape(-1)
-            keep = rows >= 0
-            per_call.append((rows, None if keep.all() else keep))
+            valid = rows >= 0
+            per_call.append((rows, None if valid.all() else valid))
     logits_parts, expert_parts, weight_parts, row_parts = [], [], [], []
     source = "dispatch" if site.needs_expert_args else "router_output"
     for call, ((rows, keep), output) in enumerate(zip(per_call, outputs, strict=True)):

@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any, Literal
 
 import altair as alt
 import numpy as np
 import pandas as pd
 
-from moeviz.charts._common import FIT_WIDTH
+from moeviz.charts._common import FIT_WIDTH, layered_chart
 from moeviz.charts.raster import ColourRamp, raster_heatmap
 from moeviz.charts.routing import token_label
 
 HEAD_SELECTION = "head"  # name of the head grid's click selection (fields layer, head)
 NO_MAP = "no map"
 # Head-summary metrics: column of `AttentionCapture.head_summary()` -> (title, colour scheme, one-line help).
-HEAD_METRICS: dict[str, tuple[str, str, str]] = {
+HeadScheme = Literal["viridis", "oranges", "reds", "greens"]
+HEAD_METRICS: dict[str, tuple[str, HeadScheme, str]] = {
     "mean_entropy": (
         "Entropy (nats)",
         "viridis",
@@ -145,7 +147,7 @@ def head_metric_heatmap(
             alt.selection_point(name=HEAD_SELECTION, fields=["layer", "head"], on="click", clear="dblclick")
         )
     text = base.mark_text(fontSize=10, color="black", opacity=0.7).encode(text="mark:N")
-    return alt.layer(cells, text, data=data).properties(
+    return layered_chart(cells, text, data=data).properties(
         title=alt.Title(title or label, subtitle="S sink · L local · G global · grey: no map"),
         height=min(max(24 * num_layers, 96), 640),
         autosize=FIT_WIDTH,
@@ -239,7 +241,7 @@ def attention_map_chart(
     )
     num_rows = int(data["query_pos"].nunique()) if len(data) else 0
     num_cols = int(data["key_pos"].nunique()) if len(data) else 0
-    axis = {"labelLimit": 90, "labelOverlap": True}
+    axis: dict[str, Any] = {"labelLimit": 90, "labelOverlap": True}
     return (
         alt.Chart(data)
         .mark_rect()
@@ -435,7 +437,7 @@ def kv_whatif_heatmap(whatif: pd.DataFrame, *, title: str | None = None) -> alt.
         )
     )
     text = base.mark_text(fontSize=10, color="black").encode(text="text:N")
-    return alt.layer(cells, text, data=data).properties(
+    return layered_chart(cells, text, data=data).properties(
         title=alt.Title(title or "Attention mass lost", subtitle="mean over tokens; hover for p95 and max"),
         height=min(max(24 * num_layers, 96), 640),
         autosize=FIT_WIDTH,

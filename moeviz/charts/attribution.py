@@ -5,6 +5,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
+from moeviz.charts._common import layered_chart
 from moeviz.charts.routing import token_label
 
 
@@ -101,7 +102,7 @@ def position_delta_chart(frame: pd.DataFrame, *, title: str | None = None) -> al
     subtitle = (
         "intervened at every position" if every else "dashed: the intervened position" if len(marked) else ""
     )
-    return alt.layer(*layers).properties(
+    return layered_chart(*layers).properties(
         title=alt.Title(title or "Effect on every next-token prediction", subtitle=subtitle),
         height=220,
         width="container",

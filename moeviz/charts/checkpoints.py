@@ -42,11 +42,13 @@ def _lines(
     and the value. Over 20 layers (DeepSeek-V3: 58) the colour is a sequential scale of the layer number,
     not a categorical legend that repeats its colours."""
     y_scale = alt.Scale(domain=domain) if domain else alt.Undefined
-    color = alt.Color("row:N", title="MoE layer", sort=alt.EncodingSortField("layer"))
-    detail = alt.Undefined
-    if data["row"].nunique() > MAX_CATEGORICAL:
-        color = alt.Color("layer:Q", title="MoE layer", scale=alt.Scale(scheme="viridis"))
-        detail = alt.Detail("row:N")
+    many = data["row"].nunique() > MAX_CATEGORICAL
+    color = (
+        alt.Color("layer:Q", title="MoE layer", scale=alt.Scale(scheme="viridis"))
+        if many
+        else alt.Color("row:N", title="MoE layer", sort=alt.EncodingSortField("layer"))
+    )
+    detail = alt.Detail("row:N") if many else alt.Undefined
     return (
         alt.Chart(data)
         .mark_line(point=True)
@@ -168,7 +170,7 @@ def drift_timeline_chart(drift: pd.DataFrame) -> alt.Chart:
     )
 
 
-def specialisation_timeline_chart(specialisation: pd.DataFrame) -> alt.Chart:
+def specialisation_timeline_chart(specialisation: pd.DataFrame) -> alt.FacetChart:
     """Per-domain specialisation over training: lift of each domain's most specialised expert, one line per
     layer, one small panel per domain.
 

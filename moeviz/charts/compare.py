@@ -3,6 +3,8 @@ model's load heatmap sized for half a column (A beside B)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import altair as alt
 import numpy as np
 import pandas as pd
@@ -98,7 +100,7 @@ def load_shift_heatmap(drift: pd.DataFrame, *, title: str | None = None) -> alt.
 
 # The utilisation legend under a half-column heatmap: its five labels in 170 px (a 1280 px page gives each
 # of A and B ~330 px, a 900 px one ~200 px), its title whole.
-HALF_LEGEND = dict(
+HALF_LEGEND: dict[str, Any] = dict(
     title="log₂ utilisation (0 = fair share)",
     orient="bottom",
     direction="horizontal",

@@ -8,7 +8,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from moeviz.charts._common import FIT_WIDTH, INK, PAPER, log2_fold, log2_fold_colour
+from moeviz.charts._common import FIT_WIDTH, INK, PAPER, layered_chart, log2_fold, log2_fold_colour
 from moeviz.charts.scale import MAX_CATEGORICAL, layer_expert_heatmap
 
 # Dispatch messages by where they go (DeepEP's split): own GPU, same node over NVLink, other node over RDMA.
@@ -95,10 +95,10 @@ def balancedness_chart(layers: pd.DataFrame, *, title: str = "ep_balancedness pe
             "placement:N", scale=alt.Scale(domain=placements), legend=alt.Legend(orient="bottom")
         )
         encoding["xOffset"] = alt.XOffset("placement:N", scale=alt.Scale(domain=placements))
-    mark = {} if grouped else {"color": "#4c78a8"}
+    colour = alt.Undefined if grouped else "#4c78a8"
     return (
         alt.Chart(data)
-        .mark_bar(**mark)
+        .mark_bar(color=colour)
         .encode(**encoding)
         .properties(
             title=alt.Title(title, subtitle="1 = every GPU serves the same load (SGLang/vLLM definition)"),
@@ -170,7 +170,7 @@ def dispatch_bytes_chart(layers: pd.DataFrame, *, title: str = "Dispatch bytes p
             ],
         )
     )
-    return alt.layer(bars, nodedup, data=data).properties(
+    return layered_chart(bars, nodedup, data=data).properties(
         title=alt.Title(
             title,
             subtitle="stacked: inter-node / intra-node / local; dashed tick = remote bytes without dedup",
@@ -410,7 +410,9 @@ def position_drop_chart(position: pd.DataFrame, *, title: str = "Drop rate by po
     )
 
 
-def overflow_heatmap(experts: pd.DataFrame, cf: float, *, title: str | None = None) -> alt.Chart:
+def overflow_heatmap(
+    experts: pd.DataFrame, cf: float, *, title: str | None = None
+) -> alt.Chart | alt.VConcatChart | alt.LayerChart:
     """Layer × expert heatmap of the share of each expert's assignments dropped at one capacity factor
     (0 = fits, white; darker = overflows more).
 
@@ -569,6 +571,6 @@ def params_chart(
             ],
         )
     )
-    return alt.layer(line, dots, data=data).properties(
+    return layered_chart(line, dots, data=data).properties(
         title=title, height=min(max(30 * len(names), 120), 700), autosize=FIT_WIDTH
     )

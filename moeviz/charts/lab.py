@@ -6,13 +6,14 @@ length (`steps`) so that a curve visibly grows from left to right while the mode
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import altair as alt
 import numpy as np
 import pandas as pd
 
 from moeviz.analysis.losses import AUX_LOSS_FORMS
-from moeviz.charts._common import FIT_WIDTH, INK, PAPER
+from moeviz.charts._common import FIT_WIDTH, INK, PAPER, layered_chart
 from moeviz.charts.scale import MAX_CATEGORICAL, add_expert_colour_fields, expert_colour
 
 COLLAPSE_COLOUR = "#d62728"  # the collapse rule: readable on the light and the dark page
@@ -134,7 +135,7 @@ def lab_loss_chart(
             ),
         )
     subtitle = "line: train · dots: held-out evaluations" + (" · faint: raw train" if smoothed else "")
-    return alt.layer(*layers, *_collapse_marks(collapse_step), data=history).properties(
+    return layered_chart(*layers, *_collapse_marks(collapse_step), data=history).properties(
         title=alt.Title(title, subtitle=subtitle),
         height=200,
         autosize=FIT_WIDTH,
@@ -204,7 +205,7 @@ def lab_load_chart(
             .mark_rule(color=SCRUB_COLOUR, strokeWidth=2)
             .encode(x=alt.datum(int(marked_step)), tooltip=alt.value(f"load snapshot: step {marked_step}"))
         )
-    return alt.layer(*marks, data=data).properties(
+    return layered_chart(*marks, data=data).properties(
         title=alt.Title(f"Expert load, layer {layer}", subtitle=f"a band per expert · {fair}{legend}"),
         height=200,
         autosize=FIT_WIDTH,
@@ -212,8 +213,9 @@ def lab_load_chart(
 
 
 # The per-step indicators of `LabRun.history()` the Lab draws as small curves: column -> (title, subtitle).
-# An auxiliary loss's subtitle is its balanced value, read from the one table of forms (AUX_LOSS_FORMS).
-LAB_METRICS = {
+# An auxiliary loss's subtitle (None here) is its balanced value, read from the one table of forms
+# (AUX_LOSS_FORMS).
+LAB_METRICS: dict[str, tuple[str, str | None]] = {
     "load_entropy": ("Load entropy", "normalised · dashed: even"),
     "dead_experts_window_sum": ("Dead experts", "recent steps, all layers"),
     "z_loss": ("Router z-loss", "mean logsumexp²"),
@@ -228,7 +230,7 @@ def lab_metric_title(metric: str) -> tuple[str, str]:
     if metric not in LAB_METRICS:
         raise ValueError(f"unknown lab metric {metric!r}; known: {sorted(LAB_METRICS)}")
     title, subtitle = LAB_METRICS[metric]
-    if metric in AUX_LOSS_FORMS:
+    if subtitle is None:
         subtitle = f"{AUX_LOSS_FORMS[metric].balanced} = even load"
     return title, subtitle
 
@@ -286,7 +288,7 @@ def lab_metric_chart(
             .mark_rule(color=INK, strokeDash=[4, 3], opacity=0.6)
             .encode(y=alt.datum(float(reference)), tooltip=alt.value(f"even load: {reference:.3f}"))
         )
-    return alt.layer(*layers, *_collapse_marks(collapse_step, short=True), data=history).properties(
+    return layered_chart(*layers, *_collapse_marks(collapse_step, short=True), data=history).properties(
         title=alt.Title(title, subtitle=subtitle), height=130, autosize=FIT_WIDTH
     )
 
@@ -321,7 +323,7 @@ def lab_load_snapshot_chart(load: pd.DataFrame, layer: int, step: int, num_exper
             .mark_rule(color=INK, strokeDash=[4, 3], opacity=0.6)
             .encode(y=alt.datum(even), tooltip=alt.value(f"even share: 1/{num_experts}"))
         )
-    return alt.layer(*marks, data=data).properties(
+    return layered_chart(*marks, data=data).properties(
         title=alt.Title(f"Load at step {step}, layer {layer}", subtitle="bars: experts · dashed: even"),
         height=130,
         autosize=FIT_WIDTH,
@@ -362,7 +364,7 @@ def lab_runs_chart(
         # curve's faint ones)
         legend=alt.Legend(title=None, orient="bottom", direction="horizontal", columns=2, symbolOpacity=1),
     )
-    interpolate = "step-after" if metric in COUNT_METRICS else "linear"
+    interpolate: Literal["step-after", "linear"] = "step-after" if metric in COUNT_METRICS else "linear"
     axis = alt.Axis(tickMinStep=1, format="d") if metric in COUNT_METRICS else alt.Undefined
     tooltip = [
         alt.Tooltip("run:N"),
@@ -398,7 +400,7 @@ def lab_runs_chart(
             .encode(y=alt.datum(float(reference)), tooltip=alt.value(f"even load: {reference:.3f}"))
         )
     subtitle = "smoothed · faint: raw" if smoothed else "a colour per run"
-    return alt.layer(*layers, data=data).properties(
+    return layered_chart(*layers, data=data).properties(
         title=alt.Title(title, subtitle=subtitle), height=150, autosize=FIT_WIDTH
     )
 
@@ -460,6 +462,6 @@ def lab_finetune_chart(
             .mark_rule(color=INK, strokeDash=[4, 3], opacity=0.6)
             .encode(y=alt.datum(float(reference)), tooltip=alt.value(f"even share: {reference:.3f}"))
         )
-    return alt.layer(*layers, data=data).properties(
+    return layered_chart(*layers, data=data).properties(
         title=alt.Title(title, subtitle=subtitle), height=150, autosize=FIT_WIDTH
     )

@@ -5,12 +5,14 @@ unbiased choice, routed vs shared experts, and held-out loss against the number 
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 import altair as alt
 import numpy as np
 import pandas as pd
 
 from moeviz.analysis.lesson import sweep_points
-from moeviz.charts._common import FIT_WIDTH, INK
+from moeviz.charts._common import FIT_WIDTH, INK, layered_chart
 from moeviz.charts.routing import token_label
 
 CHOSEN = "#f58518"  # the experts a token is sent to
@@ -26,9 +28,15 @@ def _value_labels(value: str, fmt: str, other, horizontal: bool = True) -> list[
     channel = alt.X if horizontal else alt.Y
     marks = []
     for positive in (True, False):
-        offset = {"dx": 4 if positive else -4} if horizontal else {"dy": -4 if positive else 4}
-        align = ("left" if positive else "right") if horizontal else "center"
-        baseline = "middle" if horizontal else ("bottom" if positive else "top")
+        offset: dict[str, Any] = (
+            {"dx": 4 if positive else -4} if horizontal else {"dy": -4 if positive else 4}
+        )
+        align: Literal["left", "right", "center"] = (
+            ("left" if positive else "right") if horizontal else "center"
+        )
+        baseline: Literal["middle", "bottom", "top"] = (
+            "middle" if horizontal else ("bottom" if positive else "top")
+        )
         test = f"datum.{value} >= 0" if positive else f"datum.{value} < 0"
         marks.append(
             alt.Chart()
@@ -142,7 +150,7 @@ def token_weights_chart(weights: pd.DataFrame, *, title: str, height: int = 170)
         .transform_calculate(mid="(datum.lo + datum.hi) / 2")
         .transform_filter("datum.weight >= 0.08")
     )
-    return alt.layer(bars, text, data=data).properties(
+    return layered_chart(bars, text, data=data).properties(
         title=alt.Title(
             title, subtitle="one segment per expert the token is sent to, its id printed on it; orange = 1st"
         ),
@@ -190,7 +198,7 @@ def aux_terms_chart(terms: pd.DataFrame, *, k: int, title: str, height: int = 19
         .mark_rule(color=RULE, strokeDash=[6, 4], strokeWidth=2)
         .encode(y="max(balanced):Q", tooltip=[alt.Tooltip("max(balanced):Q", format=".4f", title="k/E")])
     )
-    return alt.layer(bars, *labels, rule, data=data).properties(
+    return layered_chart(bars, *labels, rule, data=data).properties(
         title=alt.Title(
             title,
             subtitle=f"dashed line: k/E = {k}/{num_experts}, each term under even load; orange = above it",
@@ -219,8 +227,8 @@ def aux_terms_compare_chart(terms: pd.DataFrame, *, k: int, k_captured: int, tit
         legend=alt.Legend(title=None),
     )
     # over 20 experts (256: bars a few pixels wide) a labelled tick every 16th expert, not 256 labels
-    ticks = {} if num_experts <= 20 else {"values": list(range(0, num_experts, 16))}
-    x = alt.X("expert:O", axis=alt.Axis(labelAngle=0, labelOverlap=False, labelFontSize=12, **ticks))
+    ticks = alt.Undefined if num_experts <= 20 else list(range(0, num_experts, 16))
+    x = alt.X("expert:O", axis=alt.Axis(labelAngle=0, labelOverlap=False, labelFontSize=12, values=ticks))
     bars = (
         alt.Chart()
         .mark_bar()
@@ -246,7 +254,7 @@ def aux_terms_compare_chart(terms: pd.DataFrame, *, k: int, k_captured: int, tit
             tooltip=[alt.Tooltip("routing:N"), alt.Tooltip("even:Q", format=".4f", title="k/E")],
         )
     )
-    return alt.layer(bars, rules, data=data).properties(
+    return layered_chart(bars, rules, data=data).properties(
         title=alt.Title(
             title, subtitle=f"dashed: k/E, each term under even load (captured k = {k_captured})"
         ),
@@ -337,7 +345,7 @@ def choice_load_chart(load: pd.DataFrame, *, title: str, height: int = 190) -> a
         .mark_rule(color=RULE, strokeDash=[6, 4], strokeWidth=2)
         .encode(y="max(fair):Q", tooltip=[alt.Tooltip("max(fair):Q", format=".1f", title="fair share kT/E")])
     )
-    return alt.layer(bars, rule, data=data).properties(
+    return layered_chart(bars, rule, data=data).properties(
         title=alt.Title(title, subtitle="dashed line: the fair share kT/E"), height=height, autosize=FIT_WIDTH
     )
 
@@ -381,7 +389,7 @@ def shared_experts_chart(shares: pd.DataFrame, *, k: int, title: str, height: in
         .mark_rule(color=RULE, strokeDash=[6, 4], strokeWidth=2)
         .encode(y="max(even):Q", tooltip=[alt.Tooltip("max(even):Q", format=".1%", title="k/E")])
     )
-    return alt.layer(bars, rule, data=data).properties(
+    return layered_chart(bars, rule, data=data).properties(
         title=alt.Title(
             title,
             subtitle=f"orange: shared; dashed line: k/E = {k}/{routed}, a routed expert's share when even",
@@ -440,7 +448,7 @@ def experts_sweep_chart(
         .mark_point(shape="circle", size=420, strokeWidth=2.5, color=RULE, filled=False)
         .encode(x=x, y=y, tooltip=tooltip)
     )
-    return alt.layer(
+    return layered_chart(
         base.mark_line(strokeWidth=2), spread, base.mark_point(filled=True, size=70), rings, data=data
     ).properties(
         title=alt.Title(

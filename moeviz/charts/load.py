@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from moeviz.analysis.losses import AUX_LOSS_FORMS
-from moeviz.charts._common import FIT_WIDTH, layer_labels, log2_fold, log2_fold_colour
+from moeviz.charts._common import FIT_WIDTH, layer_labels, layered_chart, log2_fold, log2_fold_colour
 
 # What each balance indicator reads when the load is perfectly uniform (E = experts of the layer).
 UNIFORM_VALUE = {
@@ -93,7 +93,7 @@ def balance_chart(balance: pd.DataFrame, metric: str, *, title: str | None = Non
         .mark_tick(color="#e4572e", thickness=2, strokeDash=[4, 2], size=40)
         .encode(x=x, y="uniform:Q", tooltip=[alt.Tooltip("uniform:Q", format=".3f", title="uniform load")])
     )
-    return alt.layer(bars, uniform).properties(title=title or metric, height=180, autosize=FIT_WIDTH)
+    return layered_chart(bars, uniform).properties(title=title or metric, height=180, autosize=FIT_WIDTH)
 
 
 def aux_loss_chart(losses: pd.DataFrame, *, title: str | None = None) -> alt.LayerChart:
@@ -148,7 +148,7 @@ def aux_loss_chart(losses: pd.DataFrame, *, title: str | None = None) -> alt.Lay
         .encode(x="ratio:Q")
     )
     layers = int(data["row"].nunique()) if len(data) else 1
-    return alt.layer(rule, points).properties(
+    return layered_chart(rule, points).properties(
         title=alt.Title(
             title or "Balancing losses per layer",
             subtitle="each loss ÷ its value under perfectly even load; dashed line = even load",

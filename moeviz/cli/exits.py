@@ -44,5 +44,5 @@ def environment_message(args: argparse.Namespace | None, exc: OSError) -> str:
         if getattr(args, "command", None) == "trace":
             return f"no space left on device; continue with --resume once there is room{where}"
         return f"no space left on device{f' writing {out}' if out else ''}{where}; nothing was written"
-    reason = (exc.strerror or os.strerror(exc.errno)).lower()
+    reason = (exc.strerror or (os.strerror(exc.errno) if exc.errno is not None else str(exc))).lower()
     return f"cannot write {out}: {reason}{where}" if out else f"{reason}{where}"

@@ -20,7 +20,8 @@ class StageLines:
 
     def __init__(self, desc: str, file: TextIO, total: int, unit: str) -> None:
         self.desc, self.file, self.total, self.unit = desc, file, total, unit
-        self.n, self._stage, self._closed = 0, None, False
+        self.n, self._closed = 0, False
+        self._stage: str | None = None
 
     def __enter__(self) -> StageLines:
         return self

@@ -73,7 +73,7 @@ def _ids(row: np.ndarray) -> str:
 def unrouted_rows(ids: np.ndarray) -> np.ndarray:
     """[R] bool: rows of ids [R, L, k] that are -1 in every layer and slot (tokens the engine did not run,
     e.g. vLLM's prefix-cache hits). A row -1 in some places only is left to `check_expert_sets`."""
-    return (ids < 0).reshape(len(ids), -1).all(axis=1)
+    return np.all((ids < 0).reshape(len(ids), -1), axis=1)
 
 
 def layer_axis(

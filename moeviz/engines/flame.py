@@ -148,7 +148,8 @@ def read_flame(files: FlameFiles, layout: RoutingLayout, token_ids: list[np.ndar
                 f"(its MoE layers are files {expected}): is --model the model that produced these files?"
             )
     # One [R, L, k] array each for ids and weights, filled layer by layer: no per-layer lists stacked later.
-    experts = weights = None
+    experts: np.ndarray | None = None
+    weights: np.ndarray | None = None
     first = next(iter(files.layers.values()))
     unsorted = 0
     for index, path in enumerate(files.layers.values()):
@@ -157,7 +158,7 @@ def read_flame(files: FlameFiles, layout: RoutingLayout, token_ids: list[np.ndar
         # fp32 before any check: numpy computes on fp16 in software, ~5× slower
         layer_scores = _list_column(table, "scores", path, k, integer=False).astype(np.float32)
         del table
-        if experts is None:
+        if experts is None or weights is None:  # the first file: both allocated together
             id_type = np.int16 if layout.num_experts < 2**15 else np.int32
             experts = np.empty((len(layer_ids), len(files.layers), k), dtype=id_type)
             weights = np.empty((len(layer_ids), len(files.layers), k), dtype=np.float32)
@@ -172,9 +173,9 @@ def read_flame(files: FlameFiles, layout: RoutingLayout, token_ids: list[np.ndar
         unsorted += count
         experts[:, index] = layer_ids
         weights[:, index] = layer_scores
-    rows = len(experts)
-    if not rows:
+    if experts is None or weights is None or not len(experts):
         raise EngineFormatError(f"{first}: no rows")
+    rows = len(experts)
     notes: list[str] = []
     if unsorted:
         notes.append(

@@ -283,7 +283,7 @@ def _layer_numbering(passes: list[_Pass], layout: RoutingLayout, notes: list[str
 def _pass_sequence(
     p: _Pass, blocks: dict[int, int], layout: RoutingLayout, notes: list[str]
 ) -> RoutedSequence:
-    order = sorted(blocks, key=blocks.get)
+    order = sorted(blocks, key=blocks.__getitem__)
     missing = [n for n in order if n not in p.calls]
     if missing:
         raise EngineFormatError(
@@ -307,7 +307,8 @@ def _pass_sequence(
 
 def _pass_logits(p: _Pass, calls: list[_Call], layout: RoutingLayout, notes: list[str]) -> np.ndarray | None:
     """[N, MoE layers, E] float32 from the bf16 sidecar, or None when a call of the pass has none."""
-    if any(c.logits is None for c in calls):
+    records = [c.logits for c in calls if c.logits is not None]
+    if len(records) != len(calls):
         return None
     sidecar = p.path.parent / f"logits_rank{p.rank}.bin"
     if not sidecar.is_file():
@@ -319,9 +320,9 @@ def _pass_logits(p: _Pass, calls: list[_Call], layout: RoutingLayout, notes: lis
     size = sidecar.stat().st_size
     n, e = len(calls[0].ids), layout.num_experts
     out = np.empty((n, len(calls), e), np.float32)
-    for i, call in enumerate(calls):
+    for i, (call, record) in enumerate(zip(calls, records, strict=True)):
         where = f"{p.path.name}, line {call.line}"
-        offset, nbytes, shape = (call.logits[k] for k in ("logit_offset", "logit_bytes", "logit_shape"))
+        offset, nbytes, shape = (record[k] for k in ("logit_offset", "logit_bytes", "logit_shape"))
         if shape != [n, e]:
             raise EngineFormatError(f"{where}: logit_shape {shape}, expected [num_tokens {n}, experts {e}]")
         if not (isinstance(offset, int) and isinstance(nbytes, int)) or nbytes != n * e * _BF16_BYTES:

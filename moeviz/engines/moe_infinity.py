@@ -57,7 +57,7 @@ def read_moe_infinity(
                 "num_experts] per sequence or a trace collection [sequences, num_layers, num_experts]"
             )
         counts = _counts(array, path, layout)  # [n, L_moe, E] int64
-        keep = counts.reshape(len(counts), -1).any(axis=1)
+        keep = np.any(counts.reshape(len(counts), -1), axis=1)
         empty += int((~keep).sum())
         for index in np.flatnonzero(keep):
             _check_sequence(counts[index], names[index], layout)

@@ -14,7 +14,7 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any, BinaryIO, Literal, TextIO
 
 import numpy as np
 
@@ -147,7 +147,9 @@ def npy_bytes(data: bytes, what: str) -> np.ndarray:
     return flat.reshape(shape, order=order)
 
 
-def _npy_header(fp: BinaryIO, size: int, what: str, kinds: str) -> tuple[tuple[int, ...], str, np.dtype, int]:
+def _npy_header(
+    fp: BinaryIO, size: int, what: str, kinds: str
+) -> tuple[tuple[int, ...], Literal["C", "F"], np.dtype, int]:
     """(shape, order, dtype, offset of the data) of `.npy` bytes (`size` of them), checked against `size`
     before anything is allocated from the header's shape. An object array (which would need unpickling) or a
     dtype not of `kinds` is refused."""

@@ -94,9 +94,9 @@ def routed_trace(
         check_expert_sets(block.reshape(-1, k), e, plan.where)
         # converted first, then transposed: a converting strided copy is ~7× slower than the two steps
         experts[:, offset : offset + n] = block.astype(dtype, copy=False).transpose(1, 0, 2)
-        if weights is not None:
+        if weights is not None and seq.weights is not None:  # with_weights: every sequence has them
             weights[:, offset : offset + n] = _moe_rows(seq.weights, plan, plan.layers).transpose(1, 0, 2)
-        if logits is not None:
+        if logits is not None and seq.logits is not None:  # with_logits: every sequence has them
             # the logits' layer axis may count the MoE layers only where the ids' counts every hidden layer
             axis = plan.layers if seq.logits.shape[1] == seq.experts.shape[1] else range(len(plan.layers))
             logits[:, offset : offset + n] = _moe_rows(seq.logits, plan, list(axis)).transpose(1, 0, 2)
@@ -130,8 +130,8 @@ def routed_trace(
         for out, layer in enumerate(layout.moe_layers)
     ]
     all_notes = list(notes) + [p.note for p in plans if p.note]
-    tokens = LazyTokens(lambda: _decoded(table, layout)) if decode_tokens else _decoded(table, None)
-    return Trace(model=layout.model_info(_unique(all_notes)), tokens=tokens, layers=layers)
+    decoded = LazyTokens(lambda: _decoded(table, layout)) if decode_tokens else _decoded(table, None)
+    return Trace(model=layout.model_info(_unique(all_notes)), tokens=decoded, layers=layers)
 
 
 @dataclass

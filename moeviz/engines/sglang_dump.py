@@ -205,7 +205,7 @@ def _stat(dumps: list[tuple[Path, dict]], layout: RoutingLayout) -> ExpertLoad:
         labels = [f"{prefix}row {i}" for i in range(s)]
         _check_dense_counts(str(path), counts, layout, labels)
         # the buffer is a ring (_CircularBuffer) zeroed at start: rows never written are all zero
-        real = counts.reshape(s, -1).any(axis=1)
+        real = np.any(counts.reshape(s, -1), axis=1)
         if not real.any():
             raise EngineFormatError(
                 f"{path}: all {s} rows of logical_count are zero: the recorder counted nothing (dumped "
@@ -336,7 +336,8 @@ def _per_pass(dumps: list[tuple[Path, dict]], layout: RoutingLayout) -> ExpertLo
     e = layout.num_experts
     logical = np.zeros((len(ids), n_layers * e), np.int64)
     columns = (np.arange(n_layers)[:, None] * e + mapping).reshape(-1)
-    np.add.at(logical, (slice(None), columns), physical.reshape(len(ids), -1))
+    # numpy's stub types `indices` as integers only; ufunc.at takes any index tuple, as `a[...]` does
+    np.add.at(logical, (slice(None), columns), physical.reshape(len(ids), -1))  # type: ignore[arg-type]
     logical = logical.reshape(len(ids), n_layers, e)
     labels = [f"pass {f}" for f in ids]
     _check_dense_counts(str(dumps[0][0]), logical, layout, labels)

@@ -26,7 +26,11 @@ from moeviz.errors import EngineFormatError
 from moeviz.trace import UNKNOWN_TOKEN, Trace
 
 # routed_experts_wire.py: the dtypes a payload may be sent in; int32 when the response names none
-_WIRE_DTYPES = {"int32": np.dtype("<i4"), "uint16": np.dtype("<u2"), "uint8": np.dtype("u1")}
+_WIRE_DTYPES: dict[str, np.dtype] = {
+    "int32": np.dtype("<i4"),
+    "uint16": np.dtype("<u2"),
+    "uint8": np.dtype("u1"),
+}
 
 
 def read(fmt: str, files: Sequence[Path], layout: RoutingLayout, token_ids) -> Trace:
@@ -92,7 +96,9 @@ def _response(label: str, item: dict) -> _Response:
         output_ids = first.get("token_ids")
         if output_ids is None and isinstance(ext.get("output_ids"), list) and ext["output_ids"]:
             output_ids = ext["output_ids"][0]
-        usage = item.get("usage") if isinstance(item.get("usage"), dict) else {}
+        usage = item.get("usage")
+        if not isinstance(usage, dict):
+            usage = {}
         prompt_n = usage.get("prompt_tokens")
         completion_n = usage.get("completion_tokens") if len(choices) <= 1 else None  # summed over n
         start = None

@@ -265,8 +265,7 @@ class VllmSession:
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
             with contextlib.suppress(OSError, ValueError):
-                process.stdin.write(json.dumps({"op": "stop"}) + "\n")
-                process.stdin.flush()
+                _send(process, {"op": "stop"})
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -376,8 +375,7 @@ class VllmSession:
         if process is None:
             raise VllmError("the vLLM worker is not running")
         try:
-            process.stdin.write(json.dumps(request) + "\n")
-            process.stdin.flush()
+            _send(process, request)
         except (BrokenPipeError, OSError, ValueError):
             raise self._died(what) from None
         deadline = time.monotonic() + timeout
@@ -465,6 +463,14 @@ class VllmSession:
 
 
 _EOF = object()
+
+
+def _send(process: subprocess.Popen, request: dict) -> None:
+    """One request line to the worker (started with stdin=PIPE)."""
+    stdin = process.stdin
+    assert stdin is not None
+    stdin.write(json.dumps(request) + "\n")
+    stdin.flush()
 
 
 def _kill(process: subprocess.Popen) -> None:

@@ -167,16 +167,16 @@ def _response_sequences(response: dict, label: str, notes: list[str]) -> list[_F
         prompt_len = len(prompt_ids) if prompt_ids is not None else _usage_prompt_len(response, choices, chat)
         value = choice.get("routed_experts")
         if nested:
-            own = owners[index]
+            own_rows = prompt_rows if owners[index] else None  # the response's prompt routing, if this one's
             gen = nested_ids(value, f"{where}, routed_experts")
-            parts = [p for p in ((prompt_rows if own else None), gen) if p is not None]
+            parts = [p for p in (own_rows, gen) if p is not None]
             if not parts:
                 notes.append(f"{where} carries no routed experts (an aborted or preempted request?): skipped")
                 continue
-            if own and prompt_len is None:
-                prompt_len = len(prompt_rows)
+            if own_rows is not None and prompt_len is None:
+                prompt_len = len(own_rows)
             start = 0
-            if not own:
+            if own_rows is None:
                 if prompt_len is None:
                     raise EngineFormatError(
                         f"{where}: its generated tokens' routing cannot be placed: the response gives "
@@ -192,7 +192,7 @@ def _response_sequences(response: dict, label: str, notes: list[str]) -> list[_F
                     where,
                     form="v0.21",
                     start=start,
-                    prompt_rows=len(prompt_rows) if own else 0,
+                    prompt_rows=len(own_rows) if own_rows is not None else 0,
                 )
             )
         elif value is None:

@@ -42,6 +42,8 @@ import re
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from typing import Any
 
 FORMAT = "moeviz.vllm-capture"
 VERSION = 1
@@ -66,7 +68,7 @@ def one_line(exc: BaseException) -> str:
 class Seam:
     """The capture installed on the model's fused-MoE routers (`capture-fn` path)."""
 
-    def __init__(self, modules: list[tuple[int, str, object]], num_experts: int, top_k: int) -> None:
+    def __init__(self, modules: list[tuple[int, str, Any]], num_experts: int, top_k: int) -> None:
         self.modules = modules  # (layer index, module name, module), ascending layer
         self.num_experts = num_experts
         self.top_k = top_k
@@ -76,7 +78,7 @@ class Seam:
         self.rows: list[list[tuple]] = [[] for _ in modules]  # per module: (ids, weights, logits) per forward
         self.forwards: list[tuple] = []  # per forward: (input_ids, positions)
         self.pending: list[tuple | None] = [None] * len(modules)
-        self.hook = None
+        self.hook: Any = None  # the model's forward pre-hook handle while installed
         self.installed = False
 
     def reset(self) -> None:
@@ -140,11 +142,11 @@ class Seam:
 
 class Worker:
     def __init__(self) -> None:
-        self.llm = None
+        self.llm: Any = None  # vllm.LLM once started
         self.seam: Seam | None = None
         self.meta: dict = {}
         self.path = ""
-        self.send = None
+        self.send: Callable[[dict], None] | None = None
 
     # ---- start ------------------------------------------------------------------------------------------
     def start(self, request: dict) -> dict:
@@ -279,6 +281,7 @@ class Worker:
                     raise Refusal("seam", f"vLLM returned no routed experts for sequence {index}")
                 arrays[f"s{index}.routed_experts"] = np.asarray(completion.routed_experts)
                 continue
+            assert seam is not None  # the capture-fn path: `start` installed it
             rows = len(sequence) - 1 if generated else len(prompt)
             arrays.update(_sequence_arrays(seam, index, sequence[:rows], self.meta["vllm"]))
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
@@ -358,10 +361,12 @@ def _sequence_arrays(seam: Seam, index: int, ran: list[int], version: str) -> di
         )
         logits.append(np.concatenate([c[2] for c in calls]) if all(c[2] is not None for c in calls) else None)
     out = {f"s{index}.experts": np.stack(experts, axis=1)}
-    if all(w is not None and w.shape == (r, k) for w in weights):
-        out[f"s{index}.weights"] = np.stack(weights, axis=1).astype(np.float32)
-    if all(lg is not None and lg.shape == (r, e) for lg in logits):
-        out[f"s{index}.logits"] = np.stack(logits, axis=1).astype(np.float32)
+    whole_weights = [w for w in weights if w is not None and w.shape == (r, k)]
+    if len(whole_weights) == len(weights):
+        out[f"s{index}.weights"] = np.stack(whole_weights, axis=1).astype(np.float32)
+    whole_logits = [lg for lg in logits if lg is not None and lg.shape == (r, e)]
+    if len(whole_logits) == len(logits):
+        out[f"s{index}.logits"] = np.stack(whole_logits, axis=1).astype(np.float32)
     return out
 
 
@@ -420,9 +425,10 @@ def _seam(model, version: str) -> Seam:
     routers = [m[2].router for m in modules]
     tops = {getattr(r, "top_k", None) for r in routers}
     counts = {getattr(r, "global_num_experts", None) for r in routers}
-    if len(tops) != 1 or len(counts) != 1 or None in tops or None in counts:
+    top, count = (tops.pop(), counts.pop()) if len(tops) == len(counts) == 1 else (None, None)
+    if top is None or count is None:
         raise Refusal("seam", f"vLLM {version}: the MoE layers' routers differ in k or expert count")
-    return Seam(modules, int(counts.pop()), int(tops.pop()))
+    return Seam(modules, int(count), int(top))
 
 
 def _is_moe_router(router) -> bool:

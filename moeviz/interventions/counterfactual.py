@@ -160,8 +160,9 @@ def no_effect_reason(trace: Trace, interventions: Sequence[Intervention]) -> str
     (every one is a no-op there: a disabled expert no targeted token is dispatched to, a forced expert
     every targeted token already has in that slot), or None where they may. Read from the trace alone: no
     forward. A no-op at every layer leaves every later layer's input, and so the output, unchanged."""
-    reasons = [_no_effect_one(trace, spec) for spec in interventions]
-    if not reasons or any(reason is None for reason in reasons):
+    found = [_no_effect_one(trace, spec) for spec in interventions]
+    reasons = [reason for reason in found if reason is not None]
+    if not reasons or len(reasons) != len(found):
         return None
     return "; ".join(dict.fromkeys(reasons))
 

@@ -146,12 +146,12 @@ def apply(
     """One intervention on one call's decision: index [N, k], weights [N, k] -> new (index, weights)."""
     n, k = index.shape
     if isinstance(spec, ForceRouting):
-        experts = (
+        experts: torch.Tensor = (
             torch.as_tensor(np.asarray(spec.experts)).reshape(-1, k)
             if not torch.is_tensor(spec.experts)
             else spec.experts
         )
-        new_w = (
+        new_w: torch.Tensor = (
             torch.as_tensor(np.asarray(spec.weights)) if not torch.is_tensor(spec.weights) else spec.weights
         )
         if tuple(experts.shape) != (n, k) or tuple(new_w.shape) != (n, k):

@@ -109,6 +109,8 @@ def _check(config: LabConfig) -> None:
         value = getattr(config, f.name)
         if value is None and f.name in ("capacity_factor", "expert_ffn"):
             continue
+        low: float
+        high: float
         if f.name in _INTS:
             low, high = _INTS[f.name]
             if isinstance(value, bool) or not isinstance(value, int):

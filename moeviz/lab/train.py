@@ -158,6 +158,10 @@ def capacity_keep(indices: torch.Tensor, probs: torch.Tensor, seq: int, factor: 
     return keep.reshape(n, k)
 
 
+# (logits [N, E], probs [N, E], indices [N, k], kept [N, k] or None without capacity, top [N, k])
+LabRecord = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]
+
+
 class LabRouter(MixtralTopKRouter):
     """Mixtral's router with the lab's options (see the module docstring). Installed with `install_routers`
     by changing the class of an existing `MixtralTopKRouter`; without bias, noise or capacity it computes
@@ -169,7 +173,7 @@ class LabRouter(MixtralTopKRouter):
     lab_generator: torch.Generator | None = None
     lab_recording: bool = False
     # (logits, probs, indices, kept, top) of the last recorded forward: top = the unbiased top-k [N, k]
-    lab_record: tuple | None = None
+    lab_record: LabRecord | None = None
 
     def forward(self, hidden_states):
         hidden = hidden_states.reshape(-1, self.hidden_dim)
@@ -382,7 +386,9 @@ class LabRun:
             for router in self.routers:
                 router.lab_recording, router.lab_record = False, None
         aux_terms, z_terms, selected, kept_counts, dropped = [], [], [], [], []
-        for logits, probs, indices, kept, top in records:
+        for record in records:
+            assert record is not None  # every router records in the forward above
+            logits, probs, indices, kept, top = record
             counts = torch.bincount(indices.reshape(-1), minlength=c.experts)
             f = torch.bincount(top.reshape(-1), minlength=c.experts).float() / top.numel()
             aux_terms.append(c.experts * (f * probs.mean(0)).sum())  # aux_loss_megatron
@@ -418,7 +424,8 @@ class LabRun:
             self.collapse_step = self._step
         tokens = c.batch * c.seq
         step_balance = balance_indicators(kept_arr, tokens, c.k, ("load_entropy",))  # per layer
-        window_counts = sum(w[0] for w in self._window)  # [layers, E], the last LOAD_WINDOW steps
+        # [layers, E], the last LOAD_WINDOW steps
+        window_counts = np.sum([w[0] for w in self._window], axis=0)
         window_balance = balance_indicators(window_counts, tokens * len(self._window), c.k, ("dead_experts",))
         row = {
             "step": self._step,
@@ -447,8 +454,8 @@ class LabRun:
         loads of the last LOAD_WINDOW steps, each sequence counted as one text: True when some layer is
         "collapsed"."""
         c = self.config
-        kept = sum(w[0] for w in self._window)
-        dropped = sum(w[1] for w in self._window)
+        kept = np.sum([w[0] for w in self._window], axis=0)
+        dropped = np.sum([w[1] for w in self._window], axis=0)
         sequences = c.batch * len(self._window)
         biases = self.bias()
         for layer in range(c.layers):

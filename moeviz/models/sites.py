@@ -262,7 +262,7 @@ def pass_layers(config, block: int) -> tuple[int, ...]:
     is occurrence b + p·L (L looped blocks) and every later block moves down by (P − 1)·L."""
     start, end, passes = (getattr(config, key, None) for key in _LOOP_KEYS)
     if (
-        not all(isinstance(v, int) for v in (start, end, passes))
+        not (isinstance(start, int) and isinstance(end, int) and isinstance(passes, int))
         or passes <= 1
         or not start < end
         or block < start

@@ -128,7 +128,7 @@ def _check_entry(path: Path, number: int, entry: Any) -> None:
         raise StoreError(f"{where} is incomplete: missing {', '.join(missing)}")
     for name, kind in PART_FIELDS.items():
         value = entry[name]
-        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
+        if not isinstance(value, kind) or isinstance(value, bool) or (isinstance(value, int) and value < 0):
             raise StoreError(f"{where}: {name} = {value!r} is not a valid {kind.__name__}")
     if "sha256" in entry and not re.fullmatch(r"[0-9a-f]{64}", str(entry["sha256"])):
         raise StoreError(f"{where}: sha256 = {entry['sha256']!r} is not a sha256 hex digest")

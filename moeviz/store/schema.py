@@ -24,7 +24,7 @@ benchmarks/bench_store.py for bytes per routed token per layer against full fp32
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -60,7 +60,7 @@ def store_schema(confidence: bool = False) -> pa.Schema:
     return pa.schema(fields, metadata={b"moeviz.store": SCHEMA_TAG.encode()})
 
 
-def _dictionary(codes: np.ndarray, values: Sequence[str]) -> pa.DictionaryArray:
+def _dictionary(codes: np.ndarray, values: Iterable[str]) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(
         pa.array(codes, type=pa.int32()), pa.array(list(values), pa.string())
     )

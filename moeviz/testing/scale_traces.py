@@ -14,6 +14,20 @@ import pandas as pd
 from moeviz.scoring import scores_from_logits, selection_scores
 from moeviz.trace import TOKEN_COLUMNS, LayerRouting, ModelInfo, Trace
 
+# The run file of a store written from synthetic routing (no model, no corpus): every key
+# `moeviz.store.run_file` requires, for `prepare_run(root, "synthetic", "final", SYNTHETIC_RUN)`
+SYNTHETIC_RUN = {
+    "source": "synthetic",
+    "model_type": "synthetic",
+    "corpus": None,
+    "corpus_id": "synthetic",
+    "chunk_tokens": None,
+    "batch_size": 1,
+    "max_batches": None,
+    "confidence": False,
+    "checkpoint_index": 0,
+    "total_batches": None,
+}
 # (experts, k, n_group, topk_group, blocks, first dense blocks)
 SHAPES = {
     "deepseek_v3": dict(num_experts=256, k=8, n_group=8, topk_group=4, num_blocks=61, first_dense=3),

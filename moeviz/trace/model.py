@@ -203,7 +203,7 @@ def _stacked(parts: list[LayerRouting]) -> dict[str, Any]:
     """logits, experts and weights of one layer's parts, appended; an all-NaN part stays a view (`absent`)
     when every part is one, so imported routing without logits never allocates [N, E]."""
     n = sum(len(r.token_rows) for r in parts)
-    out = {"experts": np.concatenate([r.experts for r in parts])}
+    out: dict[str, Any] = {"experts": np.concatenate([r.experts for r in parts])}
     for name, flag in (("logits", "has_logits"), ("weights", "has_weights")):
         out[flag] = any(getattr(r, flag) for r in parts)
         if out[flag]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 import pandas as pd
@@ -30,7 +31,8 @@ import pandas as pd
 from moeviz.errors import InputError
 from moeviz.whatif.routes import Routes
 
-POLICIES = ("lru", "lfu", "belady")
+OffloadPolicy = Literal["lru", "lfu", "belady"]  # which resident expert a miss evicts (DEFINITIONS)
+POLICIES: tuple[OffloadPolicy, ...] = get_args(OffloadPolicy)
 DEFINITIONS = {
     "lru": "LRU as dvmazur/mixtral-offloading src/expert_cache.py (hits touched first in ascending id, "
     "then misses load in ascending id, each evicting the least recently used)",
@@ -156,7 +158,7 @@ def _next_use(prep: _Prepared) -> np.ndarray:
     return out
 
 
-def _simulate(prep: _Prepared, cache: int, policy: str) -> tuple[np.ndarray, np.ndarray]:
+def _simulate(prep: _Prepared, cache: int, policy: OffloadPolicy) -> tuple[np.ndarray, np.ndarray]:
     """(misses [B] per row, misses [T] per step summed over rows).
 
     State is slot-major so every per-step reduction runs over the long row axis: slot_key [S, B] holds
@@ -204,7 +206,7 @@ def _simulate(prep: _Prepared, cache: int, policy: str) -> tuple[np.ndarray, np.
 
 
 def _keys(
-    policy: str,
+    policy: OffloadPolicy,
     t: int,
     f: np.ndarray,
     miss: np.ndarray,
@@ -219,12 +221,14 @@ def _keys(
 ) -> np.ndarray:
     """[na, k] int64 eviction keys after step t's accesses; the smallest key is evicted first."""
     if policy == "belady":
+        assert nxt is not None  # the caller computes next uses for belady
         # farthest next use first, never again (= longest) before all, ties → lowest id
         return (longest - nxt[t, :na].astype(np.int64)) * experts + f % experts
     # recency: step t, hits (ascending id) before misses (ascending id), as mixtral-offloading touches them
     recency = t * 2 * k + miss * k + col
     if policy == "lru":
         return recency
+    assert counts is not None  # the caller counts uses for lfu
     counts[f] += 1  # f holds distinct experts per row (repeats only at the dummy), so no np.add.at needed
     return counts[f] * lru_span + recency
 
@@ -239,7 +243,7 @@ class OffloadResult:
 
     model: str
     tokens: int
-    policy: str
+    policy: OffloadPolicy
     cache: int
     expert_bytes: int
     bandwidth_gbps: float
@@ -324,7 +328,7 @@ class OffloadResult:
         return {"model": self.model, "tokens": self.tokens, "definition": self.definition, "layers": layers}
 
 
-def _check(prep: _Prepared, cache: int, policy: str) -> None:
+def _check(prep: _Prepared, cache: int, policy: OffloadPolicy) -> None:
     if policy not in POLICIES:
         raise InputError(f"unknown offload policy {policy!r}; choose one of {', '.join(POLICIES)}")
     if cache < prep.k:
@@ -334,7 +338,7 @@ def _check(prep: _Prepared, cache: int, policy: str) -> None:
         )
 
 
-def _result(prep: _Prepared, cache: int, policy: str, **costs) -> OffloadResult:
+def _result(prep: _Prepared, cache: int, policy: OffloadPolicy, **costs) -> OffloadResult:
     _check(prep, cache, policy)
     row_misses, step_misses = _simulate(prep, cache, policy)
     count = len(prep.layers)
@@ -355,7 +359,7 @@ def _result(prep: _Prepared, cache: int, policy: str, **costs) -> OffloadResult:
 def simulate_offload(
     routes: Routes,
     cache: int,
-    policy: str,
+    policy: OffloadPolicy,
     expert_bytes: int,
     bandwidth_gbps: float = 16.0,
     step_time_s: float | None = None,
@@ -372,7 +376,7 @@ def simulate_offload(
 def simulate_offload_policies(
     routes: Routes,
     cache: int,
-    policies: Sequence[str] = POLICIES,
+    policies: Sequence[OffloadPolicy] = POLICIES,
     expert_bytes: int = 1,
     bandwidth_gbps: float = 16.0,
     step_time_s: float | None = None,
@@ -396,7 +400,7 @@ def simulate_offload_policies(
 def hit_rate_curve(
     routes: Routes,
     caches: Sequence[int],
-    policies: Sequence[str] = POLICIES,
+    policies: Sequence[OffloadPolicy] = POLICIES,
     expert_bytes: int | None = None,
 ) -> pd.DataFrame:
     """Hit rate against cache size per policy. Columns: policy, cache, hit_rate (Σ hits / Σ |R_s| over all

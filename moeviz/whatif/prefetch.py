@@ -20,7 +20,7 @@ import torch
 from moeviz.analysis.confidence import eligible_by_groups
 from moeviz.analysis.losses import top_k_indices
 from moeviz.capture.forward import capture, token_batch
-from moeviz.errors import InputError
+from moeviz.errors import CaptureError, InputError
 from moeviz.hooks import active_on_thread, shared_hooks
 from moeviz.models.loading import LoadedModel
 from moeviz.models.sites import MoESite
@@ -64,10 +64,13 @@ def predict_experts(site: MoESite, routing: LayerRouting, hidden: torch.Tensor) 
     the site's captured layer: it supplies k and the group rule."""
     with torch.inference_mode():
         logits = site.router_logits(site.router(hidden))
+        if logits is None:
+            raise CaptureError(
+                f"layer {site.layer} ({site.name}): no [N, {site.num_experts}] logits in router output"
+            )
         selection = site.router_scores(logits.float(), selection=True).cpu().numpy()
     n_group, topk_group = routing.n_group, routing.topk_group
-    grouped = bool(n_group and topk_group and n_group > 1 and topk_group < n_group)
-    if grouped and selection.shape[1] % n_group == 0:
+    if n_group and topk_group and n_group > 1 and topk_group < n_group and selection.shape[1] % n_group == 0:
         eligible = eligible_by_groups(selection, n_group, topk_group, routing.group_score)
         selection = np.where(eligible, selection, -np.inf)
     return top_k_indices(selection, routing.k, ordered=False)

@@ -461,7 +461,7 @@ def quantisation_flips(
         after = _capture_in_batches(quantised, batch, kept_after)
     delta = float("nan")
     scored = [i for i, ids in enumerate(batch) if len(ids) > 1]
-    if scores and scored:
+    if kept_before is not None and kept_after is not None and scored:  # kept only when scoring
         if any(i not in kept_before for i in scored):
             report(0.7, "next-token log-probabilities")
 

@@ -122,6 +122,8 @@ def test_linear_maps_through_the_common_api(captured, family):
     assert linear_rows.reason.str.contains("not softmax probabilities").all()
     with pytest.raises(ValueError, match="not a probability"):
         att.summaries(layers=[layer])
+    with pytest.raises(ValueError, match="not a probability"):  # the per-token statistics behind them
+        att.token_statistics(layer, 8, 0)
     table = att.kv_cache_bytes_per_token().set_index("layer")
     assert table.loc[layer, "kind"] == "linear (state)"
     assert table.loc[layer, "bytes_per_token"] == 0

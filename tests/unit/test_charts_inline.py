@@ -30,6 +30,8 @@ from moeviz.charts import attention as attention_charts
 from moeviz.charts import checkpoints as checkpoint_charts
 from moeviz.charts import compare as compare_charts
 from moeviz.charts import deployment as deployment_charts
+from moeviz.charts import finetune as finetune_charts
+from moeviz.charts import finetune_lesson as finetune_lesson_charts
 from moeviz.charts import lab as lab_charts
 from moeviz.charts import learn as learn_charts
 from moeviz.charts.attribution import attribution_strip_chart, importance_chart, position_delta_chart
@@ -75,6 +77,7 @@ class Inputs:
         from moeviz import analysis
         from moeviz.analysis import scale_frames
         from moeviz.analysis.engine_diff import engine_diff
+        from moeviz.analysis.finetune_diff import finetune_diff
         from moeviz.architecture import bias_frame
         from moeviz.whatif import (
             EPConfig,
@@ -108,6 +111,7 @@ class Inputs:
         self.drift = analysis.expert_drift_frame(trace, other)
         self.bias = bias_frame(trace)
         self.diff = engine_diff(trace, other)
+        self.finetune = finetune_diff(trace, other, seq_domains=["code", "prose"], draws=50, shuffles=5)
         routes = routes_from_trace(trace)
         config = EPConfig(gpus=4, gpus_per_node=2, redundant=4, placement="eplb", expert_flops_per_token=1e6)
         self.ep = simulate_ep(routes, config)
@@ -352,6 +356,31 @@ def cases(i: Inputs) -> dict[str, Callable[[], alt.TopLevelMixin]]:
         ),
         "engines.routers_strip_chart": lambda: moeviz.charts.routers_strip_chart(
             diff.token_frame(), num_layers=len(diff.layers)
+        ),
+        "finetune.balance_change_chart": lambda: finetune_charts.balance_change_chart(i.finetune.balance),
+        "finetune.domain_took_chart": lambda: finetune_charts.domain_took_chart(i.finetune.domain_shift),
+        "finetune.load_shift_band_chart": lambda: finetune_charts.load_shift_band_chart(
+            i.finetune.load_shift
+        ),
+        "finetune.router_delta_chart": lambda: finetune_charts.router_delta_chart(
+            pd.DataFrame(
+                {"layer": [1, 2], "site": "mlp", "module": "gate.weight", "rows": 16, "cols": 8}
+            ).assign(norm=[0.1, 0.0], base_norm=2.0, relative=[0.05, 0.0], rank=[4, 0], sigma_max=[0.08, 0.0])
+        ),
+        "finetune_lesson.finetune_lesson_chart": lambda: finetune_lesson_charts.finetune_lesson_chart(
+            pd.DataFrame(
+                {
+                    "run": ["lora", "lora", "full", "full"],
+                    "step": [0, 1, 0, 1],
+                    "max_share": [0.2, 0.3, 0.2, 0.4],
+                }
+            ),
+            "max_share",
+            runs=["lora", "full"],
+            reference=0.125,
+        ),
+        "finetune.specialisation_change_heatmap": lambda: finetune_charts.specialisation_change_heatmap(
+            i.finetune.specialisation
         ),
         "lab.lab_load_chart": lambda: lab_charts.lab_load_chart(lab["load"], 0, 4, collapse_step=9),
         "lab.lab_load_snapshot_chart": lambda: lab_charts.lab_load_snapshot_chart(lab["load"], 0, 6, 4),

@@ -233,4 +233,6 @@ def test_the_binned_overview_says_tokens_and_bins_not_cells(folder) -> None:
     from components.expert_axis import TOP_N  # the axis lists the top-N, the chosen (busiest) among them
 
     subtitle = json.loads(chart.proto.spec)["title"]["subtitle"]
-    assert subtitle.startswith(f"{tokens:,} tokens in {bins} bins of {size} · {TOP_N} experts shown · ")
+    assert subtitle.startswith(
+        f"{tokens:,} tokens in {bins} bins of {size} · the {TOP_N} busiest experts and "
+    )
