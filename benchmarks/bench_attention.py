@@ -17,6 +17,8 @@ ratios of medians (below).
     last token; time against a plain forward, and peak RSS (after the plain forward alone, and after the
     capture).
 
+Figures go to the Benchmarks page through `record`: (a) and (b) as "attention", (c) as "attention_long".
+
 Models: a random d=512, 8-layer Mixtral (`bench_capture_overhead.mid_size_mixtral`) and the bundled sample
 `sample:mixtral-healthy`.
 
@@ -38,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_capture_overhead import mid_size_mixtral
+from record import Figure, flags, record
 
 import moeviz
 
@@ -193,6 +196,8 @@ def main() -> None:
         ("sample:mixtral-healthy", lambda: moeviz.load_model("sample:mixtral-healthy")),
     )
     print(f"torch threads: {torch.get_num_threads()}; CPU time (process_time), contenders interleaved")
+    command = "python benchmarks/bench_attention.py" + flags(parser, args)
+    figures: list[Figure] = []
     if not args.skip_summaries:
         for name, load in models:
             result = summaries_cost(load(), args.summary_tokens, args.summary_rounds, args.runs)
@@ -209,6 +214,20 @@ def main() -> None:
                 + f" | target capture+summaries <= 1.5x: {'met' if summary <= 1.5 else 'NOT met'} "
                 f"({args.runs} runs of {args.summary_rounds} rounds)"
             )
+            ratios = result["ratios"]["capture+summaries"]
+            capture = statistics.median(result["ratios"]["capture"])
+            figures.append(
+                Figure(
+                    "Attention",
+                    f"capture with attention + all-head summaries and the head grid vs a plain forward, "
+                    f"{args.summary_tokens:,} tokens, {name}",
+                    f"{summary:.2f}× ({min(ratios):.2f}–{max(ratios):.2f}); capture alone {capture:.2f}×; "
+                    f"plain forward {result['plain_s'] * 1e3:.0f} ms",
+                    command,
+                    "≤ 1.5×",
+                    summary <= 1.5,
+                )
+            )
     if not args.skip_overhead:
         for name, load in models:
             result = overhead(load(), args.tokens, args.repeats)
@@ -219,6 +238,20 @@ def main() -> None:
                 f"min/min {result['attention_min_ratio']:.3f}x) | "
                 f"eager output_attentions {result['eager_output_attentions_ratio']:.3f}x"
             )
+            figures.append(
+                Figure(
+                    "Attention",
+                    f"capture with attention vs a plain forward, {args.tokens} tokens, {name}",
+                    f"{result['attention_ratio']:.3f}× (median of {args.repeats} per-round ratios); routing "
+                    f"only {result['routing_ratio']:.3f}×; eager `output_attentions` "
+                    f"{result['eager_output_attentions_ratio']:.2f}×",
+                    command,
+                    "≤ 1.15×",
+                    result["attention_ratio"] <= 1.15,
+                )
+            )
+    if figures:
+        record("attention", figures)
     if args.long:
         result = long_context(args.long)
         print(
@@ -229,6 +262,26 @@ def main() -> None:
             f"(sum {result['row_sum']:.4f}) | attention capture {result['attention_bytes_mib']:.0f} MiB | "
             f"peak RSS: after plain {result['peak_rss_after_plain_mib']:.0f} MiB, after capture "
             f"{result['peak_rss_after_capture_mib']:.0f} MiB, end {result['peak_rss_end_mib']:.0f} MiB"
+        )
+        what = f"{result['tokens']:,} tokens on sample:mixtral-healthy (sliding window 256)"
+        record(
+            "attention_long",
+            [
+                Figure(
+                    "Attention",
+                    f"routing + attention capture vs a plain forward, {what}",
+                    f"{result['capture_ratio']:.2f}× (one run); attention capture "
+                    f"{result['attention_bytes_mib']:.0f} MiB; "
+                    f"peak RSS {result['peak_rss_end_mib'] / 1024:.1f} GiB",
+                    command,
+                ),
+                Figure(
+                    "Attention",
+                    f"per-head summaries of every layer; one attention row, {what}",
+                    f"{result['summaries_s']:.1f} s; {result['row_s'] * 1e3:.0f} ms (one run)",
+                    command,
+                ),
+            ],
         )
 
 

@@ -40,13 +40,15 @@ def test_attention_kv_whatif_and_grid_scales(app_url, browser: Browser, sample_m
         top = re.search(r"values from 0(?:\.0)? to ([\d.]+)", entropy[0])
         assert top and float(top[1]) >= 2.5, entropy  # [0, log T] nats; log 28 = 3.33 (ticks may round)
 
-        # the what-if: the page's default W and G, sizes by hand from config.json
+        # the what-if: the page's default W and G, sizes by hand from config.json; its inputs are read once
+        # the what-if is drawn and the page idle (while it runs, an input may not show its value yet)
+        caption = page.get_by_text(re.compile(r"The cache (of every layer )?would hold"))
+        caption.wait_for(timeout=RENDER_TIMEOUT_S * 1000)
+        wait_until_idle(page)
         window = int(page.get_by_label("Keep the last W keys").input_value())
         global_tokens = int(page.get_by_label("… plus the first G tokens").input_value())
         full = expected_cache_bytes(tokens)
         kept = expected_cache_bytes(tokens, window, global_tokens)
-        caption = page.get_by_text(re.compile(r"The cache (of every layer )?would hold"))
-        caption.wait_for(timeout=RENDER_TIMEOUT_S * 1000)
         text = caption.inner_text()
         assert f"hold {kept / 2**20:.2f} MiB instead of {full / 2**20:.2f} MiB" in text, text
         assert f"(saves {1 - kept / full:.0%})" in text, text
