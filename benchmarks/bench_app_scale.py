@@ -14,12 +14,14 @@ Measured, each from the user's action to the frame in which the browser has draw
    (targets < 0.5 s). At scale it is drawn on request, by a heatmap click or its toggle: the toggle here
    (a click on the heatmap's canvas selected no cell in headless Chromium, at HEAD as now).
 
-Besides the wall time (the browser's clock, from the action to the first frame with the result), each
+The wall time is the browser's clock from the user's input — the timestamp of the pointer or key press
+event the action dispatched in the page; Playwright's own checks before it presses (finding the option,
+waiting for it to stand still) are not the user's — to the first frame with the result. Besides it, each
 interaction reports what it cost in CPU, which the load of a shared machine does not inflate: the browser's
 (Chromium's renderer process, `Performance.getMetrics` ProcessTime over the DevTools protocol) and the
 server's (the Streamlit process, user + system), from the action until the page has been quiet for
-QUIET_MS; and when each chart of the layer's views was last redrawn (a signature of its canvas or SVG
-compared every frame), ms after the action.
+QUIET_MS; and when each chart of the layer's views was last redrawn (a signature of its canvas, read in
+the frames after Vega drew on it, or of its SVG), ms after the input.
 
 Each interaction is reported as its median and spread (min–max) over its repetitions. Apps measured side by
 side in one run, one server and one browser each, their interactions interleaved: "current" (this checkout;
@@ -65,46 +67,71 @@ from tests.support.server import CHROMIUM, CHROMIUM_ARGS, running_app
 TOKENS = 1000
 QUIET_MS = 400  # after the result is drawn: the page must stay unchanged this long before the CPU is read
 CHARTS = ("heatmap", "binned", "strip", "load", "token_scores")  # the containers (st.container keys) watched
-# A chart's signature: its canvas scaled down to 48 × 48 pixels and hashed (about a millisecond; a PNG
-# encoding of a large canvas per frame takes a core of the two), or its SVG's element count and text hashed.
-_SIG_JS = """(key) => {
-  const c = document.querySelector('.st-key-' + key + ' canvas');
-  if (!c) {
-    const s = document.querySelector('.st-key-' + key + ' svg.marks');
-    if (!s) return '';
-    const t = s.textContent; let h = s.querySelectorAll('*').length;  // markup: too costly every frame
+# Counts each canvas's renders: Vega's canvas renderer clears its canvas once at the start of every render
+# (vega-scenegraph CanvasRenderer.clear), so the watcher below reads a canvas's pixels only in the frames
+# after it was drawn, not every frame (a pixel read on every frame and chart took tens of ms of the very
+# main thread it measures). Installed in the page before the app's own scripts.
+_INIT_JS = """(() => {
+  const clear = CanvasRenderingContext2D.prototype.clearRect;
+  CanvasRenderingContext2D.prototype.clearRect = function (...args) {
+    (window.__cleared || (window.__cleared = new Set())).add(this.canvas);
+    return clear.apply(this, args);
+  };
+})()"""
+# A chart's signature: its canvas scaled down to 48 × 48 pixels and hashed (about a millisecond), or its
+# SVG's element count and text hashed.
+_SIG_JS = """(node) => {
+  if (!node) return '';
+  if (node.tagName !== 'CANVAS') {
+    const t = node.textContent; let h = node.querySelectorAll('*').length;  // markup: too costly every frame
     for (let i = 0; i < t.length; i++) h = (h * 31 + t.charCodeAt(i)) | 0;
     return 'svg' + t.length + ':' + h;
   }
   const o = window.__sig || (window.__sig = document.createElement('canvas'));
   o.width = 48; o.height = 48;
   const x = o.getContext('2d');
-  x.drawImage(c, 0, 0, 48, 48);
+  x.drawImage(node, 0, 0, 48, 48);
   const d = x.getImageData(0, 0, 48, 48).data;
   let h = 0;
   for (let i = 0; i < d.length; i++) h = (h * 31 + d[i]) | 0;
-  return c.width + 'x' + c.height + ':' + h;
+  return node.width + 'x' + node.height + ':' + h;
 }"""
-# Every frame: each chart's signature; the time it last changed since the mark (ms after the action).
+# Every frame: each chart's signature where it may have changed (a new node, a canvas drawn since, an SVG);
+# the time it last changed since the mark in __changed. __input: the time of the user's input (the first
+# pointer press or key press after the mark, its event's timestamp), where each interaction is measured
+# from: Playwright's own work before it presses (finding the element, waiting for it to stand still) is not
+# the user's action.
 _WATCH_JS = f"""(keys) => {{
   const sig = {_SIG_JS};
-  window.__sigOf = sig;
-  window.__before = sig('heatmap');
-  window.__last = {{}}; window.__changed = {{}}; window.__start = null;
-  const prev = {{}};
-  for (const k of keys) prev[k] = sig(k);
+  window.__input = null;
+  if (!window.__inputHooked) {{
+    const first = (e) => {{ if (window.__input === null) window.__input = e.timeStamp; }};
+    for (const type of ['pointerdown', 'keydown']) document.addEventListener(type, first, true);
+    window.__inputHooked = true;
+  }}
+  const find = (k) => document.querySelector('.st-key-' + k + ' canvas, .st-key-' + k + ' svg.marks');
+  window.__cleared = new Set();
+  window.__changed = {{}};
+  const nodes = {{}}, prev = {{}};
+  for (const k of keys) {{ nodes[k] = find(k); prev[k] = sig(nodes[k]); }}
   window.__watching = true;
   const tick = () => {{
+    const cleared = window.__cleared;
     for (const k of keys) {{
-      const s = sig(k);
+      let node = nodes[k];
+      if (node && node.isConnected && node.tagName === 'CANVAS' && !cleared.has(node)) continue;
+      node = nodes[k] = find(k);
+      const s = sig(node);
       if (s !== prev[k]) {{ prev[k] = s; window.__changed[k] = performance.now(); }}
     }}
+    cleared.clear();
     window.__lastChange = Math.max(0, ...Object.values(window.__changed));
     if (window.__watching) requestAnimationFrame(tick);
   }};
   tick();
 }}"""
-HEATMAP_CHANGED = "(window.__sigOf('heatmap') !== '' && window.__sigOf('heatmap') !== window.__before)"
+# The heatmap drew something else than it showed at the mark (what the watcher saw in the last frame).
+HEATMAP_CHANGED = "(window.__changed.heatmap !== undefined)"
 # Resolves once nothing watched has changed for `quiet` ms and nothing on the page is stale.
 _QUIET_JS = """([quiet, timeout]) => new Promise((resolve, reject) => {
   const start = performance.now();
@@ -159,12 +186,13 @@ class App:
             prepare()
         self.page.evaluate(_WATCH_JS, list(CHARTS))
         browser0, server0 = self.cpu()
-        start = self.page.evaluate("() => performance.now()")
+        called = self.page.evaluate("() => performance.now()")
         action()
         end = self.page.evaluate(WAIT_JS, [check, TIMEOUT_MS])
         self.page.evaluate(_QUIET_JS, [QUIET_MS, TIMEOUT_MS])
         browser1, server1 = self.cpu()
-        changed = self.page.evaluate("() => window.__changed")
+        changed, pressed = self.page.evaluate("() => [window.__changed, window.__input]")
+        start = called if pressed is None else pressed
         charts = {k: v - start for k, v in changed.items()}
         return Sample((end - start) / 1000, browser1 - browser0, server1 - server0, charts, end)
 
@@ -288,6 +316,7 @@ def app_server(name: str, repo: Path, folder: Path, env: dict[str, str | None], 
             browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
             try:
                 page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.add_init_script(_INIT_JS)
                 cdp = page.context.new_cdp_session(page)
                 cdp.send("Performance.enable", {"timeDomain": "threadTicks"})
                 page.goto(url, wait_until="domcontentloaded")

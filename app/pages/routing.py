@@ -36,10 +36,6 @@ MAX_TOKENS = 200  # tokens per heatmap window
 MAX_KEYS = 200  # keys shown of a token's attention row
 SCALE_TOKENS = 64  # tokens per heatmap window over 20 experts (× the top-N experts: the browser draws each)
 SCALE_BINS = 50  # bins of the whole-input overview over 20 experts
-# The load curve at scale (E points, each with a tooltip) without the per-mark work the browser does through
-# Vega's CSP-safe expression interpreter on every layer switch: ARIA descriptions (an SVG's screen-reader text
-# per point; the caption says what the curve shows) and the filter of invalid values (all finite here).
-LIGHT_MARKS = alt.Config(aria=False, mark=alt.MarkConfig(invalid=None))
 
 st.title("Routing")
 source = pickers.model_picker()
@@ -387,11 +383,13 @@ def load_view(site: str, layer: int, axis: expert_axis.ExpertAxis) -> None:
         curve = expert_axis.load_chart(load, axis, title=titled("Expert load", layer, axis), bands=bands)
         if not axis.at_scale:
             return curve
-        # its per-layer figures (dead experts, the busiest's load) are in the caption below
-        return curve.properties(
-            title=alt.Title("Expert load, sorted", subtitle="dashed = fair share; grey = bootstrap band"),
-            config=LIGHT_MARKS,
+        # its per-layer figures (dead experts, the busiest's load) are in the caption below. A point and a
+        # band step per expert, redrawn on every layer switch and pick: on a canvas, without per-mark ARIA
+        # text (the caption says what the curve shows)
+        titled_curve = curve.properties(
+            title=alt.Title("Expert load, sorted", subtitle="dashed = fair share; grey = bootstrap band")
         )
+        return exports.many_marks(titled_curve, 2 * num_experts)
 
     exports.show_chart(memo("load", axis, (site, layer, axis.expert, draws), build), "load")
     # indicators side by side at their own width, wrapping to a second row on a narrow page (never cut)
@@ -516,7 +514,6 @@ def token_detail_at_scale() -> None:
             )
             exports.table_downloads(mine[mine["dispatched"]], "token_routing")
         return
-    confidence = token_confidence_frame(trace, seq, pos)
     if not chosen.from_file:  # the Why page explains the prompt, run through the model
         pickers.link_to_why(seq, pos)
     with st.container(key="drilldown"):
@@ -540,6 +537,7 @@ def token_detail_at_scale() -> None:
             + (f", expert {expert} outlined" if expert is not None else "")
             + ". Experts sorted as chosen above, over all layers. Drag over the overview to show a range."
         )
+        confidence = token_confidence_frame(trace, seq, pos)  # after the scores: they reach the page first
         c1, c2 = st.columns(2)
         with c1:
             rank_by = st.radio(

@@ -61,6 +61,7 @@ def token_scores_frame(trace: Trace, seq: int, pos: int, stream: str = "input") 
     `stack_scores` of every layer's `scores_frame` filtered to the token, without building those frames."""
     parts = []
     for routing, i in _token_layers(trace, _token_row(trace, seq, pos, stream)):
+        token = _one_token(routing, i)  # its scores from its own logits: not the layer's [N, E] derived
         e = routing.num_experts
         weight = np.zeros(e, np.float32)
         dispatched = np.zeros(e, bool)
@@ -74,8 +75,8 @@ def token_scores_frame(trace: Trace, seq: int, pos: int, stream: str = "input") 
                     "site": routing.site,
                     "layer": routing.layer,
                     "expert": np.arange(e),
-                    "score": routing.scores[i],
-                    "selection_score": routing.selection_scores[i],
+                    "score": token.scores[0],
+                    "selection_score": token.selection_scores[0],
                     "logit": routing.logits[i],
                     "weight": weight,
                     "dispatched": dispatched,

@@ -146,7 +146,7 @@ def head_metric_heatmap(
         cells = cells.add_params(
             alt.selection_point(name=HEAD_SELECTION, fields=["layer", "head"], on="click", clear="dblclick")
         )
-    text = base.mark_text(fontSize=10, color="black", opacity=0.7).encode(text="mark:N")
+    text = base.mark_text(fontSize=10, color="black", opacity=0.7).encode(text=alt.Text("mark:N"))
     return layered_chart(cells, text, data=data).properties(
         title=alt.Title(title or label, subtitle="S sink · L local · G global · grey: no map"),
         height=min(max(24 * num_layers, 96), 640),
@@ -436,7 +436,7 @@ def kv_whatif_heatmap(whatif: pd.DataFrame, *, title: str | None = None) -> alt.
             "mean_lost:Q", scale=alt.Scale(scheme="reds", domain=[0, 1]), legend=alt.Legend(title="lost")
         )
     )
-    text = base.mark_text(fontSize=10, color="black").encode(text="text:N")
+    text = base.mark_text(fontSize=10, color="black").encode(text=alt.Text("text:N"))
     return layered_chart(cells, text, data=data).properties(
         title=alt.Title(title or "Attention mass lost", subtitle="mean over tokens; hover for p95 and max"),
         height=min(max(24 * num_layers, 96), 640),

@@ -27,7 +27,9 @@ def attribution_strip_chart(frame: pd.DataFrame, *, value: str = "ig", title: st
         color=alt.Color(f"{value}:Q", scale=alt.Scale(scheme="redblue", domain=[top, -top]), title=value),
         tooltip=["label:N", alt.Tooltip(f"{value}:Q", format=".4g"), alt.Tooltip("ig_share:Q", format=".1%")],
     )
-    return (cells + base.mark_text(fontSize=9).encode(text="text:N")).properties(height=alt.Step(22))
+    return (cells + base.mark_text(fontSize=9).encode(text=alt.Text("text:N"))).properties(
+        height=alt.Step(22)
+    )
 
 
 def importance_chart(frame: pd.DataFrame, *, title: str | None = None) -> alt.Chart:

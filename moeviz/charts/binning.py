@@ -83,7 +83,7 @@ def binned_dispatch_heatmap(
                     values=spaced_ticks(num_rows, TOKEN_TICKS), labelOverlap=False, labelFlush=True
                 ),
             ),
-            x2="row_end:Q",
+            x2=alt.X2("row_end:Q"),
             y=alt.Y("expert:O"),
             color=alt.Color(
                 "dispatch_rate:Q", scale=alt.Scale(scheme="blues", domain=[0, 1]), title="dispatched"

@@ -198,7 +198,7 @@ def position_heatmap(
                 scale=alt.Scale(domain=[-0.5, span - 0.5], nice=False, zero=False),
                 axis=alt.Axis(title=position, tickMinStep=1, grid=False, format="d"),
             ),
-            x2="x1:Q",
+            x2=alt.X2("x1:Q"),
             y=alt.Y(
                 "y0:Q",
                 scale=alt.Scale(
@@ -206,7 +206,7 @@ def position_heatmap(
                 ),
                 axis=_position_axis("MoE layer", labels, labelFontSize=9 if len(labels) > 20 else 11),
             ),
-            y2="y1:Q",
+            y2=alt.Y2("y1:Q"),
             color=alt.Color(
                 "router_mismatch:Q",
                 scale=alt.Scale(range=MISMATCH_RANGE, domain=[0, max(peak, 0.01)], interpolate="lab"),
@@ -274,7 +274,7 @@ def margin_quartile_chart(quartiles: pd.DataFrame, *, side: str, title: str | No
     text = (
         alt.Chart()
         .mark_text(dy=-6, baseline="bottom", fontSize=11, color=INK)
-        .encode(x=x, y=y, text="label:N")
+        .encode(x=x, y=y, text=alt.Text("label:N"))
     )
     return layered_chart(bars, text, data=data).properties(
         title=alt.Title(
@@ -311,7 +311,7 @@ def routers_per_token_chart(routers: pd.DataFrame, *, title: str | None = None) 
                     title="MoE layers whose expert set differs", tickMinStep=1, format="d", grid=False
                 ),
             ),
-            x2="x1:Q",
+            x2=alt.X2("x1:Q"),
             y=alt.Y("tokens:Q", title="tokens"),
             y2=alt.Y2(datum=0),
             tooltip=[
@@ -387,7 +387,7 @@ def routers_strip_chart(
     )
     boxes = base.mark_rect(stroke=PAPER, strokeWidth=2, cornerRadius=3).encode(color=colour)
     limit = alt.ExprRef(expr=f"max(width / {per_line} - 6, 8)")  # a label never spills into its neighbour
-    text = base.mark_text(fontSize=12, color="black", limit=limit).encode(text="text:N")
+    text = base.mark_text(fontSize=12, color="black", limit=limit).encode(text=alt.Text("text:N"))
     lines = int(data["line"].nunique()) if len(data) else 1
     return layered_chart(boxes, text, data=data).properties(
         title=alt.Title(

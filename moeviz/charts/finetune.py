@@ -45,7 +45,7 @@ def _band_chart(
     ]
     base = alt.Chart(data).encode(y=y, tooltip=tooltip)
     band = base.mark_rule(strokeWidth=2).encode(
-        x=alt.X("shift_low:Q", title=x_title), x2="shift_high:Q", color=colour
+        x=alt.X("shift_low:Q", title=x_title), x2=alt.X2("shift_high:Q"), color=colour
     )
     dot = base.mark_circle(size=60, opacity=1).encode(x="shift:Q", color=colour)
     zero = alt.Chart(pd.DataFrame({"zero": [0.0]})).mark_rule(color=INK, strokeDash=[3, 3]).encode(x="zero:Q")
@@ -128,7 +128,7 @@ def router_delta_chart(router_delta: pd.DataFrame) -> alt.Chart:
     ]
     base = alt.Chart(data).encode(x=x, y=y, tooltip=tooltip)
     bars = base.mark_bar(color="#4c78a8")
-    text = base.mark_text(dy=-6, color=INK, fontSize=11).encode(text="rank_text:N")
+    text = base.mark_text(dy=-6, color=INK, fontSize=11).encode(text=alt.Text("rank_text:N"))
     return (bars + text).properties(title="Router-weight delta per layer", height=200, autosize=FIT_WIDTH)
 
 
@@ -162,7 +162,7 @@ def balance_change_chart(balance: pd.DataFrame) -> alt.Chart:
     base = alt.Chart(data).encode(y=y, tooltip=tooltip)
     x_title = "largest expert share of the layer's slots (base ○ → fine-tune ●)"
     rule = base.mark_rule(strokeWidth=2).encode(
-        x=alt.X("max_share_base:Q", title=x_title), x2="max_share_tuned:Q", color=colour
+        x=alt.X("max_share_base:Q", title=x_title), x2=alt.X2("max_share_tuned:Q"), color=colour
     )
     before = base.mark_point(size=60, filled=False, color=INK).encode(x="max_share_base:Q")
     after = base.mark_circle(size=60, opacity=1).encode(x="max_share_tuned:Q", color=colour)
@@ -209,7 +209,7 @@ def specialisation_change_heatmap(specialisation: pd.DataFrame) -> alt.Chart:
             legend=alt.Legend(title="Δ specialisation", format="+.2f"),
         )
     )
-    text = base.mark_text(color="black", fontSize=11).encode(text="took_text:N")
+    text = base.mark_text(color="black", fontSize=11).encode(text=alt.Text("took_text:N"))
     return (cells + text).properties(
         title="Specialisation change per domain (number = experts that took it)",
         height=max(22 * len(order), 80),

@@ -79,7 +79,7 @@ def finetune_lesson_chart(
             .transform_window(_row="row_number()")
             .transform_filter("datum._row == 1")
             .mark_rule(color=INK, strokeDash=[4, 3], opacity=0.6)
-            .encode(y=alt.datum(float(reference)), tooltip=alt.value(f"even share 1/E: {reference:.3f}"))
+            .encode(y=alt.YDatum(float(reference)), tooltip=alt.value(f"even share 1/E: {reference:.3f}"))
         )
     return alt.LayerChart(layer=layers, data=data).properties(
         title=alt.Title(title, subtitle=subtitle), autosize=FIT_WIDTH, height=height

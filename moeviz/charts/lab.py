@@ -67,8 +67,8 @@ def _collapse_marks(collapse_step: int | None, *, short: bool = False) -> list[a
     )
     tooltip = alt.value(f"the collapse verdict first tripped at step {step}")
     return [
-        rule.encode(x=alt.datum(step), tooltip=tooltip),
-        label.encode(x=alt.datum(step), y=alt.value(0), text=alt.datum(text), tooltip=tooltip),
+        rule.encode(x=alt.XDatum(step), tooltip=tooltip),
+        label.encode(x=alt.XDatum(step), y=alt.value(0), text=alt.TextDatum(text), tooltip=tooltip),
     ]
 
 
@@ -203,7 +203,7 @@ def lab_load_chart(
         marks.append(
             _one_mark()
             .mark_rule(color=SCRUB_COLOUR, strokeWidth=2)
-            .encode(x=alt.datum(int(marked_step)), tooltip=alt.value(f"load snapshot: step {marked_step}"))
+            .encode(x=alt.XDatum(int(marked_step)), tooltip=alt.value(f"load snapshot: step {marked_step}"))
         )
     return layered_chart(*marks, data=data).properties(
         title=alt.Title(f"Expert load, layer {layer}", subtitle=f"a band per expert · {fair}{legend}"),
@@ -286,7 +286,7 @@ def lab_metric_chart(
         layers.append(
             _one_mark()
             .mark_rule(color=INK, strokeDash=[4, 3], opacity=0.6)
-            .encode(y=alt.datum(float(reference)), tooltip=alt.value(f"even load: {reference:.3f}"))
+            .encode(y=alt.YDatum(float(reference)), tooltip=alt.value(f"even load: {reference:.3f}"))
         )
     return layered_chart(*layers, *_collapse_marks(collapse_step, short=True), data=history).properties(
         title=alt.Title(title, subtitle=subtitle), height=130, autosize=FIT_WIDTH
@@ -321,7 +321,7 @@ def lab_load_snapshot_chart(load: pd.DataFrame, layer: int, step: int, num_exper
         marks.append(
             _one_mark()
             .mark_rule(color=INK, strokeDash=[4, 3], opacity=0.6)
-            .encode(y=alt.datum(even), tooltip=alt.value(f"even share: 1/{num_experts}"))
+            .encode(y=alt.YDatum(even), tooltip=alt.value(f"even share: 1/{num_experts}"))
         )
     return layered_chart(*marks, data=data).properties(
         title=alt.Title(f"Load at step {step}, layer {layer}", subtitle="bars: experts · dashed: even"),
@@ -397,7 +397,7 @@ def lab_runs_chart(
         layers.append(
             _one_mark()
             .mark_rule(color=INK, strokeDash=[4, 3], opacity=0.6)
-            .encode(y=alt.datum(float(reference)), tooltip=alt.value(f"even load: {reference:.3f}"))
+            .encode(y=alt.YDatum(float(reference)), tooltip=alt.value(f"even load: {reference:.3f}"))
         )
     subtitle = "smoothed · faint: raw" if smoothed else "a colour per run"
     return layered_chart(*layers, data=data).properties(
@@ -460,7 +460,7 @@ def lab_finetune_chart(
         layers.append(
             _one_mark()
             .mark_rule(color=INK, strokeDash=[4, 3], opacity=0.6)
-            .encode(y=alt.datum(float(reference)), tooltip=alt.value(f"even share: {reference:.3f}"))
+            .encode(y=alt.YDatum(float(reference)), tooltip=alt.value(f"even share: {reference:.3f}"))
         )
     return layered_chart(*layers, data=data).properties(
         title=alt.Title(title, subtitle=subtitle), height=150, autosize=FIT_WIDTH

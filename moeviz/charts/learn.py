@@ -440,7 +440,7 @@ def experts_sweep_chart(
         alt.Chart()
         .transform_filter("datum.seeds > 1")
         .mark_rule(strokeWidth=2, opacity=0.45)
-        .encode(x=x, y=alt.Y("lowest:Q"), y2="highest:Q", color=colour, tooltip=tooltip)
+        .encode(x=x, y=alt.Y("lowest:Q"), y2=alt.Y2("highest:Q"), color=colour, tooltip=tooltip)
     )
     rings = (
         alt.Chart()

@@ -245,6 +245,11 @@ def formatted(values: np.ndarray, spec: str) -> list[str]:
     return [format(float(v), spec) if math.isfinite(v) else "" for v in np.asarray(values, dtype=np.float64)]
 
 
+def spans(first: pd.Series, last: pd.Series) -> list[str]:
+    """[N] "first–last" of each pair of labels, the label alone where they are one."""
+    return [a if a == b else f"{a}–{b}" for a, b in zip(first, last, strict=True)]
+
+
 # ---- the chart -------------------------------------------------------------------------------------------
 def raster_layers(
     matrix: np.ndarray,
@@ -265,16 +270,18 @@ def raster_layers(
     max_cells: int = OVERLAY_CELLS,
     value_format: str = ".4g",
     hover: np.ndarray | None = None,
+    image_url: str | None = None,
 ) -> list[alt.Chart]:
     """The image of `matrix` [R, C] (cell (r, c) spans column c ± 0.5 on `x_scale`, row r ± 0.5 on
     `y_scale`: give both domains [-0.5, n - 0.5], y reversed for row 0 at the top) and, with `overlay`, the
     transparent hover bins (`overlay_frame`) carrying the colour legend of `ramp`. `hover` [R, C]: the
     values the tooltips give when they are not the coloured ones (utilisation coloured by its log₂).
-    Each layer has its own data; layer them with any marks on the same scales (outlines, dots)."""
+    `image_url`: the image already encoded (`png_data_url(matrix, ramp)`: one encoding for two views of a
+    matrix). Each layer has its own data; layer them with any marks on the same scales (outlines, dots)."""
     rows, cols = np.asarray(matrix).shape
     image = pd.DataFrame(
         {
-            "url": [png_data_url(matrix, ramp)],
+            "url": [image_url or png_data_url(matrix, ramp)],
             "x0": [-0.5],
             "x1": [cols - 0.5],
             "y0": [-0.5],
@@ -288,10 +295,10 @@ def raster_layers(
         .mark_image(aspect=False, smooth=smooth, clip=clip)
         .encode(
             x=alt.X("x0:Q", scale=x_scale, axis=x_axis),
-            x2="x1",
+            x2=alt.X2("x1"),
             y=alt.Y("y0:Q", scale=y_scale, axis=y_axis),
-            y2="y1",
-            url="url:N",
+            y2=alt.Y2("y1"),
+            url=alt.Url("url:N"),
         )
     ]
     if not overlay:
@@ -301,17 +308,20 @@ def raster_layers(
     )
     bins["shade"] = bins["mean"] if hover is None else overlay_frame(matrix, max_cells=max_cells)["mean"]
     single = bool((bins["cells"] <= 1).all()) and len(bins) == rows * cols
-    # the tooltip's numbers formatted here (`formatted`), not per bin by the browser: Vega would build each
-    # of thousands of tooltips through d3-format and its slow CSP-safe expression interpreter on every draw
-    for column in ("mean", "min", "max"):
-        bins[f"{column}_text"] = formatted(bins[column].to_numpy(), value_format)
+    # the tooltip's text made here, each range one field ("84–89", "0.01 – 0.3"), not per bin by the
+    # browser: Vega builds each of thousands of tooltips, a conditional and a d3-format call per field,
+    # through its slow CSP-safe expression interpreter on every draw
+    bins["mean_text"] = formatted(bins["mean"].to_numpy(), value_format)
+    bins["rows_text"] = spans(bins["row_from"], bins["row_to"])
+    bins["cols_text"] = spans(bins["col_from"], bins["col_to"])
+    if not single:
+        low, high = (formatted(bins[column].to_numpy(), value_format) for column in ("min", "max"))
+        bins["range_text"] = [f"{a} – {b}" if a != b else a for a, b in zip(low, high, strict=True)]
     tooltip = [
-        alt.Tooltip("row_from:N", title=row_title if single else f"{row_title} from"),
-        *([] if single else [alt.Tooltip("row_to:N", title=f"{row_title} to")]),
-        alt.Tooltip("col_from:N", title=col_title if single else f"{col_title} from"),
-        *([] if single else [alt.Tooltip("col_to:N", title=f"{col_title} to")]),
+        alt.Tooltip("rows_text:N", title=row_title),
+        alt.Tooltip("cols_text:N", title=col_title),
         alt.Tooltip("mean_text:N", title=value_title if single else f"mean {value_title}"),
-        *([] if single else [alt.Tooltip("min_text:N", title="min"), alt.Tooltip("max_text:N", title="max")]),
+        *([] if single else [alt.Tooltip("range_text:N", title="range")]),
         *([alt.Tooltip("values:N", title="each cell")] if bins["values"].str.len().gt(0).any() else []),
     ]
     legend = legend or alt.Legend(title=value_title)
@@ -321,9 +331,9 @@ def raster_layers(
         .mark_rect(opacity=0, clip=clip)
         .encode(
             x=alt.X("x0:Q", scale=x_scale, axis=x_axis),
-            x2="x1",
+            x2=alt.X2("x1"),
             y=alt.Y("y0:Q", scale=y_scale, axis=y_axis),
-            y2="y1",
+            y2=alt.Y2("y1"),
             color=alt.Color("shade:Q", scale=ramp.scale(), legend=legend),
             tooltip=tooltip,
         )

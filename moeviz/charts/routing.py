@@ -235,7 +235,7 @@ def expert_load_chart(
             .encode(
                 x=alt.X("bar:N", sort=order),
                 y=alt.Y("count_low:Q", title="tokens dispatched"),
-                y2="count_high:Q",
+                y2=alt.Y2("count_high:Q"),
                 tooltip=[
                     alt.Tooltip("bar:N", title="expert"),
                     alt.Tooltip("count_low:Q", format=".1f", title="band low (tokens)"),
@@ -317,7 +317,7 @@ def token_strip_chart(
     # a label never spills into its neighbours on a narrow page: cut to its box, with an ellipsis (hover
     # shows the whole token); `width` is the view's width as laid out in the page
     limit = alt.ExprRef(expr=f"max(width / {per_line} - 6, 8)")
-    text = base.mark_text(fontSize=12, color="black", limit=limit).encode(text="text:N")
+    text = base.mark_text(fontSize=12, color="black", limit=limit).encode(text=alt.Text("text:N"))
     lines = int(data["line"].nunique()) if len(data) else 1
     marks = [boxes, text]
     if highlight is not None:

@@ -30,7 +30,14 @@ from moeviz.charts._common import (
     log2_fold_colour,
     spaced_ticks,
 )
-from moeviz.charts.raster import OVERLAY_CELLS, ColourRamp, raster_layers, use_raster
+from moeviz.charts.raster import (
+    OVERLAY_CELLS,
+    ColourRamp,
+    formatted,
+    png_data_url,
+    raster_layers,
+    use_raster,
+)
 
 MAX_CATEGORICAL = 20  # the most experts (or groups) a categorical legend may list
 EXPERT_BRUSH = "experts"  # name of the overview's interval selection over expert positions
@@ -264,9 +271,9 @@ def layer_expert_heatmap(
     def view(x_scale: alt.Scale, x_axis: alt.Axis, y_axis: alt.Axis | None, **kwargs) -> alt.Chart:
         return alt.Chart(**kwargs).encode(
             x=alt.X("x0:Q", scale=x_scale, axis=x_axis),
-            x2="x1",
+            x2=alt.X2("x1"),
             y=alt.Y("y0:Q", scale=y_scale, axis=y_axis),
-            y2="y1",
+            y2=alt.Y2("y1"),
         )
 
     def outline(x_scale: alt.Scale, x_axis: alt.Axis, y_axis: alt.Axis | None, clip: bool = False) -> list:
@@ -371,6 +378,7 @@ def _raster_layer_expert(
         row_title="layer", col_title="expert", value_title=value, row_labels=labels, col_labels=ids,
         legend=legend, hover=values if value == "utilisation" else None, value_format=".3f",
     )  # fmt: skip
+    common["image_url"] = png_data_url(shade, ramp)  # one PNG for the overview and the detail
     image, *_ = raster_layers(
         shade, ramp, x_scale=full, y_scale=y_scale, x_axis=overview_axis, y_axis=None, overlay=False, **common
     )
@@ -386,9 +394,9 @@ def _raster_layer_expert(
             .mark_rect(filled=False, stroke=HIGHLIGHT, strokeWidth=1.5, clip=clip)
             .encode(
                 x=alt.X("x0:Q", scale=x_scale, axis=x_axis),
-                x2="x1",
+                x2=alt.X2("x1"),
                 y=alt.Y("y0:Q", scale=y_scale, axis=y_axis),
-                y2="y1",
+                y2=alt.Y2("y1"),
             )
         ]
 
@@ -544,12 +552,15 @@ def token_rank_path_chart(
         "load": "rank by layer load (0 = busiest)",
     }[rank_by]
     y_axis = _position_axis(rank_title)
+    # its numbers formatted here, not by d3-format per cell in the browser (thousands of cells)
+    data["score_text"] = formatted(data["score"].to_numpy(), ".4f")
+    data["weight_text"] = formatted(data["weight"].to_numpy(), ".4f")
     tooltip = [
         alt.Tooltip("layer:O"),
         alt.Tooltip("expert:O"),
         alt.Tooltip("rank:Q"),
-        alt.Tooltip("score:Q", format=".4f", title=values_field),
-        alt.Tooltip("weight:Q", format=".4f"),
+        alt.Tooltip("score_text:N", title=values_field),
+        alt.Tooltip("weight_text:N", title="weight"),
         alt.Tooltip("dispatched:N"),
     ]
     parts = []
@@ -563,16 +574,18 @@ def token_rank_path_chart(
             .mark_rect()
             .encode(
                 x=alt.X("x0:Q", scale=x_scale, axis=x_axis),
-                x2="x1",
+                x2=alt.X2("x1"),
                 y=alt.Y("y0:Q", scale=y_scale, axis=y_axis),
-                y2="y1",
+                y2=alt.Y2("y1"),
                 color=alt.Color("score:Q", scale=alt.Scale(scheme="greys"), title=values_field),
                 tooltip=tooltip,
             )
         )
-    picked = alt.Chart().transform_filter("datum.dispatched")
+    # the dispatched experts (k a layer) with data of their own, not a filter the browser runs per cell
+    chosen = data[data["dispatched"].to_numpy()]
+    picked = alt.Chart(chosen)
     line = (
-        picked.transform_filter("datum.slot == 0")
+        alt.Chart(chosen[chosen["slot"].to_numpy() == 0])
         .mark_line(color="#888", strokeDash=[4, 3])
         .encode(x=x, y=alt.Y("rank:Q", scale=y_scale, axis=y_axis))
     )
@@ -597,7 +610,9 @@ def token_rank_path_chart(
         )
         if weighted
         else alt.value("#4c78a8"),
-        tooltip=tooltip if weighted else [t for t in tooltip if t.shorthand not in ("weight:Q", "score:Q")],
+        tooltip=tooltip
+        if weighted
+        else [t for t in tooltip if t.shorthand not in ("weight_text:N", "score_text:N")],
     )
     marks = [*parts, line, dots] if weighted else [*parts, dots]
     layered = alt.layer(*marks, data=data).resolve_scale(color="independent")
@@ -698,7 +713,7 @@ def expert_load_curve_chart(
         alt.Chart()
         .transform_filter("datum.rank == 0")
         .mark_rule(color="#e4572e", strokeDash=[6, 4], strokeWidth=2)
-        .encode(y=alt.datum(1.0))
+        .encode(y=alt.YDatum(1.0))
     )
     parts = [area, points, fair]
     if bands is not None:
@@ -706,7 +721,7 @@ def expert_load_curve_chart(
         band = band.encode(
             x=x,
             y=alt.Y("util_low:Q", title="utilisation (1 = fair share)", axis=alt.Axis(labelOverlap=False)),
-            y2="util_high:Q",
+            y2=alt.Y2("util_high:Q"),
             tooltip=tooltip,
         )
         parts.insert(1, band)

@@ -7,7 +7,7 @@ show the error as it is.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from moeviz.errors import InputError
 
@@ -105,38 +105,46 @@ _FLOATS = {  # name: (lowest, highest), inclusive
 
 
 def _check(config: LabConfig) -> None:
-    for f in fields(config):
-        value = getattr(config, f.name)
-        if value is None and f.name in ("capacity_factor", "expert_ffn"):
-            continue
-        low: float
-        high: float
-        if f.name in _INTS:
-            low, high = _INTS[f.name]
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise InputError(f"lab: {f.name} must be a whole number, got {value!r}")
-            if not low <= value <= high:
-                raise InputError(f"lab: {f.name} must be {low} … {high}, got {value}")
-        else:
-            low, high = _FLOATS[f.name]
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise InputError(f"lab: {f.name} must be a finite number, got {value!r}")
-            if not low <= value <= high:
-                raise InputError(f"lab: {f.name} must be {low:g} … {high:g}, got {value:g}")
+    check_ranges(config, "lab", _INTS, _FLOATS, optional=("capacity_factor", "expert_ffn"))
     if config.k > config.experts:
         raise InputError(
             f"lab: k must be at most the number of experts ({config.experts}), got {config.k}"
             + (" (experts = 1 is the dense model: k = 1)" if config.experts == 1 else "")
         )
-    trained = config.steps * config.batch * config.seq
-    if trained > MAX_TRAINED_TOKENS:
-        raise InputError(
-            f"lab: steps × batch × sequence length = {trained:,} tokens; a lab run trains on at most "
-            f"{MAX_TRAINED_TOKENS:,} (fewer steps, a smaller batch or shorter sequences)"
-        )
+    check_trained_tokens(config, "lab")
     if config.d_model % (2 * HEADS):
         raise InputError(
             f"lab: d_model must be a multiple of {2 * HEADS} ({HEADS} heads), got {config.d_model}"
+        )
+
+
+def check_ranges(config, who: str, ints: dict, floats: dict, optional: tuple[str, ...] = ()) -> None:
+    """InputError, its message starting `who:`, for the first field of `config` named in `ints` that is not a
+    whole number in its (lowest, highest), or in `floats` not a finite number in it (inclusive); a field
+    in `optional` may also be None."""
+    for name, (low, high) in {**ints, **floats}.items():
+        value = getattr(config, name)
+        if value is None and name in optional:
+            continue
+        if name in ints:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InputError(f"{who}: {name} must be a whole number, got {value!r}")
+            if not low <= value <= high:
+                raise InputError(f"{who}: {name} must be {low} … {high}, got {value}")
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise InputError(f"{who}: {name} must be a finite number, got {value!r}")
+        if not low <= value <= high:
+            raise InputError(f"{who}: {name} must be {low:g} … {high:g}, got {value:g}")
+
+
+def check_trained_tokens(config, who: str) -> None:
+    """InputError when a run of `config` (steps, batch, seq) would train on over MAX_TRAINED_TOKENS."""
+    trained = config.steps * config.batch * config.seq
+    if trained > MAX_TRAINED_TOKENS:
+        raise InputError(
+            f"{who}: steps × batch × sequence length = {trained:,} tokens; a lab run trains on at most "
+            f"{MAX_TRAINED_TOKENS:,} (fewer steps, a smaller batch or shorter sequences)"
         )
 
 

@@ -32,7 +32,6 @@ must be a Mixtral with the sample tokenizer's vocabulary (the bundled Mixtral sa
 from __future__ import annotations
 
 import copy
-import math
 import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -48,7 +47,7 @@ from moeviz.analysis.balance import balance_indicators
 from moeviz.errors import InputError
 from moeviz.jsonable import dumps
 from moeviz.lab.budget import LabMemory, finetune_memory
-from moeviz.lab.config import MAX_STEPS, MAX_TRAINED_TOKENS
+from moeviz.lab.config import MAX_STEPS, check_ranges, check_trained_tokens
 from moeviz.lab.data import HELDOUT_FRACTION, lab_corpus, lab_tokenizer
 from moeviz.lab.runner import LabRunner
 from moeviz.lab.train import lab_threads, lr_at, timed_step
@@ -155,18 +154,7 @@ def _check(config: FinetuneConfig) -> None:
 
     if config.mode not in MODES:
         raise InputError(f"fine-tune: mode must be one of {', '.join(MODES)}, got {config.mode!r}")
-    for name, (low, high) in _INTS.items():
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InputError(f"fine-tune: {name} must be a whole number, got {value!r}")
-        if not low <= value <= high:
-            raise InputError(f"fine-tune: {name} must be {low} … {high}, got {value}")
-    for name, (bottom, top) in _FLOATS.items():
-        number = getattr(config, name)
-        if isinstance(number, bool) or not isinstance(number, int | float) or not math.isfinite(number):
-            raise InputError(f"fine-tune: {name} must be a finite number, got {number!r}")
-        if not bottom <= number <= top:
-            raise InputError(f"fine-tune: {name} must be {bottom:g} … {top:g}, got {number:g}")
+    check_ranges(config, "fine-tune", _INTS, _FLOATS)
     rank = config.lora_rank
     if isinstance(rank, bool) or not isinstance(rank, int):
         raise InputError(f"fine-tune: LoRA rank must be a whole number, got {rank!r}")
@@ -187,12 +175,7 @@ def _check(config: FinetuneConfig) -> None:
         )
     if config.text is not None and not config.text.strip():
         raise InputError("fine-tune: the text to fine-tune on is empty")
-    trained = config.steps * config.batch * config.seq
-    if trained > MAX_TRAINED_TOKENS:
-        raise InputError(
-            f"fine-tune: steps × batch × sequence length = {trained:,} tokens; a lab run trains on at most "
-            f"{MAX_TRAINED_TOKENS:,}"
-        )
+    check_trained_tokens(config, "fine-tune")
 
 
 # ---- the start model --------------------------------------------------------------------------------------

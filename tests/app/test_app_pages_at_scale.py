@@ -15,7 +15,7 @@ import pytest
 
 from moeviz.analysis import collapse_report
 from moeviz.testing.scale_traces import synthetic_trace
-from tests.support.app import app_test_env, run_page
+from tests.support.app import app_test_env, captured_as, run_page
 from tests.support.scale_models import SHAPES, with_tokenizer
 
 PROMPT = "synthetic trace of 16 texts"  # the app's capture of this prompt is the synthetic trace
@@ -35,14 +35,7 @@ def trace():
 @pytest.fixture
 def viewed(trace, monkeypatch):
     app_test_env(monkeypatch)
-    from components import caches
-
-    real = caches.captured
-
-    def captured(source: str, text: str, progress=None):
-        return trace if text == PROMPT else real(source, text, progress)
-
-    monkeypatch.setattr(caches, "captured", captured)
+    captured_as(monkeypatch, PROMPT, trace)
     return trace
 
 

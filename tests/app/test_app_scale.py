@@ -18,7 +18,7 @@ from moeviz.analysis import expert_balance_frame, layer_trace
 from moeviz.analysis.expert_order import expert_order
 from moeviz.testing.scale_traces import SHAPES as SYNTHETIC_SHAPES
 from moeviz.testing.scale_traces import shaped_trace
-from tests.support.app import app_test_env, run_page
+from tests.support.app import app_test_env, captured_as, run_page
 from tests.support.scale_models import SHAPES, save_scale_series, with_tokenizer
 
 VIEW_PAGES = ["routing", "load", "structure", "compare", "playground"]  # a trace is all they need
@@ -41,15 +41,8 @@ def viewed(synthetic, monkeypatch):
     stays the model: it loads in a blink, and these pages read only the trace). A prompt of its own keeps
     the app's caches, keyed by (model, text), apart from every other test's."""
     app_test_env(monkeypatch)
-    from components import caches
-
     name, trace, prompt = synthetic
-    real = caches.captured
-
-    def captured(source: str, text: str, progress=None):
-        return trace if text == prompt else real(source, text, progress)
-
-    monkeypatch.setattr(caches, "captured", captured)
+    captured_as(monkeypatch, prompt, trace)
     return name, trace, prompt
 
 

@@ -17,7 +17,7 @@ from moeviz.analysis import expert_balance_frame, layer_trace
 from moeviz.analysis.expert_order import expert_order
 from moeviz.charts.scale import ORDER_FIELD
 from moeviz.testing.scale_traces import shaped_trace
-from tests.support.app import app_test_env, run_page
+from tests.support.app import app_test_env, captured_as, run_page
 
 PROMPT = "synthetic deepseek_v3 trace, routing interactions"
 TOP_N = 32  # the expert axis's default top-N
@@ -34,14 +34,7 @@ def trace():
 def viewed(trace, monkeypatch):
     """The app's capture of PROMPT is the synthetic trace (the sample stays the model)."""
     app_test_env(monkeypatch)
-    from components import caches
-
-    real = caches.captured
-
-    def captured(source: str, text: str, progress=None):
-        return trace if text == PROMPT else real(source, text, progress)
-
-    monkeypatch.setattr(caches, "captured", captured)
+    captured_as(monkeypatch, PROMPT, trace)
     return trace
 
 
@@ -147,6 +140,7 @@ def spec_titled(at, title: str) -> dict:
 def test_the_views_at_scale_leave_the_browser_no_per_mark_text(viewed) -> None:
     at = run_page("pages/routing.py", timeout_s=300, model="sample:mixtral-healthy", prompt=PROMPT)
     load = spec_titled(at, "Expert load")  # a point per expert, redrawn on every layer switch
+    assert load["usermeta"]["embedOptions"]["renderer"] == "canvas"
     assert load["config"]["aria"] is False
     assert load["config"]["mark"]["invalid"] is None
     at.toggle(key="scale_token_detail_widget").set_value(True).run()  # the token's drill-down

@@ -49,9 +49,19 @@ def scale_app(tiny_model_dir, app_url) -> tuple[str, str]:
     return folder, app_url(folder)
 
 
-def _tag(page: Page) -> dict:
+# Whether every chart of `keys` has its drawn node (its fragment may still be mounting when a run has ended).
+_NODES_JS = """keys => keys.every(key =>
+  document.querySelector(`.st-key-${key} canvas, .st-key-${key} svg.marks`))"""
+
+
+def _views_drawn(page: Page) -> None:
     charts_drawn(page)
     wait_until_idle(page)
+    page.wait_for_function(_NODES_JS, arg=list(CHARTS), polling=100, timeout=60_000)
+
+
+def _tag(page: Page) -> dict:
+    _views_drawn(page)
     return page.evaluate(_TAG_JS, [list(CHARTS), True])
 
 
@@ -63,8 +73,7 @@ _REDRAWN_JS = f"""([keys, before]) => {{
 
 
 def _after(page: Page, before: dict, changed: tuple[str, ...]) -> dict:
-    charts_drawn(page)
-    wait_until_idle(page)
+    _views_drawn(page)
     # Vega draws the swapped data after Streamlit's run has ended: until the charts `changed` show the new
     # data (in their view or a new one; Streamlit hands every chart its data in one go), then two frames
     page.wait_for_function(_REDRAWN_JS, arg=[list(changed), before], polling=100, timeout=60_000)
@@ -156,8 +165,7 @@ def test_a_sort_reruns_only_the_views_that_list_the_experts(scale_app, browser) 
         box.scroll_into_view_if_needed()
         box.click()
         after_run(page, page.get_by_role("option", name=re.compile("^load")).first.click)
-        charts_drawn(page)
-        wait_until_idle(page)
+        _views_drawn(page)
         assert_no_error(page)
         assert "ref" not in sent, sent  # every element sent is in the messages read here
         assert "Router scores" in sent, sent  # (the example prompt is too short for the binned overview)

@@ -24,6 +24,20 @@ def app_test_env(monkeypatch: pytest.MonkeyPatch) -> None:
     app_importable(monkeypatch)
 
 
+def captured_as(monkeypatch: pytest.MonkeyPatch, prompt: str, trace) -> None:
+    """In an in-process page test (`app_test_env` first): the app's capture of `prompt` is `trace` (a
+    synthetic trace at scale: no forward), for every model; any other prompt is captured as usual. A prompt
+    of its own keeps the app's caches, keyed by (model, text), apart from every other test's."""
+    from components import caches
+
+    real = caches.captured
+
+    def captured(source: str, text: str, progress=None):
+        return trace if text == prompt else real(source, text, progress)
+
+    monkeypatch.setattr(caches, "captured", captured)
+
+
 def app_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     """Put `app/` on `sys.path` as `streamlit run app/streamlit_app.py` does, so that the app's building
     blocks import as the pages import them (`from components import caches`)."""

@@ -218,8 +218,16 @@ def test_token_rank_path_is_bounded_by_layers_times_ranks(big, rank_by):
     mine = token_scores_frame(trace, 0, 17)
     chart = token_rank_path_chart(mine, rank_by=rank_by, load=balance)
     spec = check_spec(chart)
-    data = spec_of_data(spec)
+    data = pd.DataFrame(spec["datasets"][spec["data"]["name"]])  # every cell shown
     picked = data[data["dispatched"]]
+    # the dots (and the top-1 line) draw data of their own: the dispatched rows (of slot 0), no filter
+    own = {
+        view["mark"]["type"]: pd.DataFrame(spec["datasets"][view["data"]["name"]])
+        for view in spec["layer"][-2:]
+    }
+    pd.testing.assert_frame_equal(own["circle"], picked.reset_index(drop=True))
+    pd.testing.assert_frame_equal(own["line"], picked[picked["slot"] == 0].reset_index(drop=True))
+    assert "filter" not in json.dumps(spec)
     assert len(picked) == 8 * len(trace.layers)
     assert sorted(picked["slot"].unique()) == list(range(8))
     for routing in trace.layers:  # the dots are the dispatched experts, at their rank

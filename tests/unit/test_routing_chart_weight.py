@@ -65,6 +65,13 @@ def test_a_rasters_hover_bins_carry_their_tooltip_numbers_formatted() -> None:
     expected = [format(m, ".3f") for m in bin_means(matrix, bins)]
     assert bins[shown["mean score"]].tolist() == expected
     assert 1 < len(bins) < matrix.size  # binned: several cells a bin
+    # each range one field: the cells a bin covers, from its edges; its lowest and highest value
+    first, last = (bins["x0"] + 0.5).astype(int), (bins["x1"] - 0.5).astype(int)
+    want = [str(a) if a == b else f"{a}–{b}" for a, b in zip(first, last, strict=True)]
+    assert bins[shown["expert"]].tolist() == want
+    block = matrix[int(bins.loc[0, "y0"] + 0.5), first[0] : last[0] + 1]
+    assert bins.loc[0, shown["range"]] == f"{np.nanmin(block):.3f} – {np.nanmax(block):.3f}"
+    assert len(tooltip) == 5  # layer, experts, mean, range, each cell
 
 
 def test_one_tokens_rank_path_ships_its_cell_edges() -> None:
