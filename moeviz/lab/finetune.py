@@ -50,10 +50,8 @@ from moeviz.lab.budget import LabMemory, finetune_memory
 from moeviz.lab.config import MAX_STEPS, check_ranges, check_trained_tokens
 from moeviz.lab.data import HELDOUT_FRACTION, lab_corpus, lab_tokenizer
 from moeviz.lab.runner import LabRunner
-from moeviz.lab.train import lab_threads, lr_at, timed_step
+from moeviz.lab.train import in_memory_model, lab_threads, lr_at, timed_step
 from moeviz.models.loading import LoadedModel, sample_models_dir
-from moeviz.models.sites import find_moe_sites
-from moeviz.trace import ModelInfo
 
 MODES = ("router", "experts", "lora", "full")
 MODE_LABELS = {
@@ -622,25 +620,12 @@ class FinetuneRun:
     def loaded_model(self) -> LoadedModel:
         """The fine-tuned model as a moeviz LoadedModel (a merged copy: training may go on)."""
         model = self.plain_model()
-        step = self._step
-        params = list(model.parameters()) + list(model.buffers())
-        return LoadedModel(
-            model=model,
-            tokenizer=lab_tokenizer(),
-            sites=find_moe_sites(model),
-            info=ModelInfo(
-                source=f"fine-tune of {self.config.start}: {self.config.label()} @ step {step}",
-                model_type="mixtral",
-                architecture=type(model).__name__,
-                num_layers=model.config.num_hidden_layers,
-                num_parameters=sum(p.numel() for p in model.parameters()),
-                dtype="float32",
-                device="cpu",
-                parameter_bytes=sum(p.numel() * p.element_size() for p in params),
-                notes=[f"fine-tuned in the lab from {self.config.start}: {self.config.label()}"],
-            ),
-            folder=Path(FINETUNE_FOLDER),
-            max_length=getattr(model.config, "max_position_embeddings", None),
+        return in_memory_model(
+            model,
+            f"fine-tune of {self.config.start}: {self.config.label()} @ step {self._step}",
+            [f"fine-tuned in the lab from {self.config.start}: {self.config.label()}"],
+            FINETUNE_FOLDER,
+            getattr(model.config, "max_position_embeddings", None),
         )
 
     def _meta(self) -> dict:

@@ -260,6 +260,32 @@ def build_model(config: LabConfig, corpus: LabCorpus) -> MixtralForCausalLM:
     return model
 
 
+def in_memory_model(
+    model: MixtralForCausalLM, source: str, notes: list[str], folder: str, max_length: int | None
+) -> LoadedModel:
+    """A model trained in the lab (fp32, on the CPU) as a moeviz LoadedModel named `source`, with a
+    tokenizer of its own (the app may change its settings) and `folder` the name it stands under."""
+    params = list(model.parameters()) + list(model.buffers())
+    return LoadedModel(
+        model=model,
+        tokenizer=lab_tokenizer(),
+        sites=find_moe_sites(model),
+        info=ModelInfo(
+            source=source,
+            model_type="mixtral",
+            architecture=type(model).__name__,
+            num_layers=model.config.num_hidden_layers,
+            num_parameters=sum(p.numel() for p in model.parameters()),
+            dtype="float32",
+            device="cpu",
+            parameter_bytes=sum(p.numel() * p.element_size() for p in params),
+            notes=notes,
+        ),
+        folder=Path(folder),
+        max_length=max_length,
+    )
+
+
 def lr_at(step: int, total: int, base: float) -> float:
     """Linear warm-up over the first 10% (≤ 30 steps), then cosine down to 10% of `base`."""
     warmup = max(1, min(30, total // 10))
@@ -529,24 +555,9 @@ class LabRun:
                 "its routers add the loss-free balancing bias for selection; a saved folder cannot carry it "
                 "(transformers' Mixtral has no selection bias), so the saved model routes without it"
             )
-        params = list(model.parameters()) + list(model.buffers())
-        return LoadedModel(
-            model=model,
-            tokenizer=lab_tokenizer(),  # a tokenizer of its own: the app may change its settings
-            sites=find_moe_sites(model),
-            info=ModelInfo(
-                source=f"lab: {self.config.label()} @ step {step}",
-                model_type="mixtral",
-                architecture=type(model).__name__,
-                num_layers=self.config.layers,
-                num_parameters=sum(p.numel() for p in model.parameters()),
-                dtype="float32",
-                device="cpu",
-                parameter_bytes=sum(p.numel() * p.element_size() for p in params),
-                notes=notes,
-            ),
-            folder=Path(LAB_FOLDER),  # no folder on disk holds it (save() writes one)
-            max_length=LONG_CONTEXT,
+        # no folder on disk holds it (save() writes one)
+        return in_memory_model(
+            model, f"lab: {self.config.label()} @ step {step}", notes, LAB_FOLDER, LONG_CONTEXT
         )
 
     def save(self, folder: str | Path) -> Path:

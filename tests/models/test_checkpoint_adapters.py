@@ -27,7 +27,7 @@ from moeviz.store.checkpoints import (
     resolve_series,
     write_series,
 )
-from tests.support.adapters import merge_as_full_checkpoint, save_adapter_series
+from tests.support.adapters import adapter_run_fixtures, merge_as_full_checkpoint, save_adapter_series
 
 STEPS = [5, 10, 20]  # by name, checkpoint-10 < checkpoint-20 < checkpoint-5: the order must be numeric
 LABELS = [BASE_LABEL, "checkpoint-5", "checkpoint-10", "checkpoint-20"]
@@ -36,18 +36,7 @@ FRAMES = ("saturation", "collapse", "drift", "specialisation", "crossings")
 ATOL = 1e-6  # both paths merge the same float32 tensors; summation order may differ in the last bit
 
 
-@pytest.fixture(scope="module")
-def base() -> Path:
-    return sample_models_dir() / "mixtral-healthy"
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, base) -> Path:
-    """A fine-tune's output folder on another machine: the base its adapters name does not exist here."""
-    folder = tmp_path_factory.mktemp("finetune") / "run"
-    save_adapter_series(folder, base, STEPS, declared_base="/elsewhere/models/mixtral-healthy")
-    (folder / "runs").mkdir()  # the Trainer's log folder: not a checkpoint
-    return folder
+base, run = adapter_run_fixtures(STEPS, "/elsewhere/models/mixtral-healthy")
 
 
 def test_adapter_series_timeline_equals_the_merged_full_checkpoints(run, base, corpus, tmp_path):

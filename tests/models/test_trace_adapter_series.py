@@ -7,7 +7,6 @@ full checkpoint and traced as one model. `--base` for anything but a series is a
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,23 +16,14 @@ from moeviz.models.loading import sample_models_dir
 from moeviz.store import StoreQuery, TraceSettings, list_runs
 from moeviz.store.checkpoints import BASE_LABEL
 from moeviz.store.writer import write_corpus
-from tests.support.adapters import merge_as_full_checkpoint, save_adapter_series
+from tests.support.adapters import adapter_run_fixtures, merge_as_full_checkpoint
 
 DECLARED = "/elsewhere/models/mixtral-healthy"  # the base the adapters name: not on this machine
 FLAGS = ["--batch-size", "2", "--chunk-tokens", "64", "--max-batches", "1", "--quiet"]
 ROWS = "SELECT seq, pos, token_id, layer, rank, expert, weight FROM rows ORDER BY seq, pos, layer, rank"
 
 
-@pytest.fixture(scope="module")
-def base() -> Path:
-    return sample_models_dir() / "mixtral-healthy"
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, base) -> Path:
-    folder = tmp_path_factory.mktemp("finetune") / "run"
-    save_adapter_series(folder, base, [5, 20], declared_base=DECLARED)
-    return folder
+base, run = adapter_run_fixtures([5, 20], DECLARED)
 
 
 def test_trace_merges_each_adapter_of_the_series_into_the_base(run, base, corpus, tmp_path, capsys):

@@ -134,3 +134,26 @@ def merge_as_full_checkpoint(base: Path, adapter: Path, out: Path) -> Path:
         if (base / tokenizer_file).is_file():
             shutil.copy(base / tokenizer_file, out / tokenizer_file)
     return out
+
+
+def adapter_run_fixtures(steps: list[int], declared_base: str):
+    """The fixtures of a test module on a fine-tune's run folder, bound by name in the module (`base, run =
+    adapter_run_fixtures(STEPS, DECLARED)`): `base` (the bundled sample `mixtral-healthy`) and `run` (its
+    adapter series at `steps` as the Trainer saves it on another machine: the base its adapters name,
+    `declared_base`, is not here; beside the checkpoints the Trainer's log folder `runs/`, not one)."""
+    import pytest
+
+    from moeviz.models.loading import sample_models_dir
+
+    @pytest.fixture(scope="module")
+    def base() -> Path:
+        return sample_models_dir() / "mixtral-healthy"
+
+    @pytest.fixture(scope="module")
+    def run(tmp_path_factory, base) -> Path:
+        folder = tmp_path_factory.mktemp("finetune") / "run"
+        save_adapter_series(folder, base, steps, declared_base=declared_base)
+        (folder / "runs").mkdir()
+        return folder
+
+    return base, run

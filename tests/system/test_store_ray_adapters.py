@@ -22,7 +22,7 @@ from moeviz.models.adapters import AdapterInfo
 from moeviz.models.loading import sample_models_dir
 from moeviz.store import StoreError, StoreQuery, TraceSettings, list_runs, validate_store
 from moeviz.store.checkpoints import BASE_LABEL, checkpoint_timeline, write_series
-from tests.support.adapters import save_adapter_series
+from tests.support.adapters import adapter_run_fixtures
 
 # CI installs moeviz[ray] (make setup), so this runs there; it skips only for an install without the extra
 ray = pytest.importorskip("ray")
@@ -54,17 +54,7 @@ def cluster():
     ray.shutdown()
 
 
-@pytest.fixture(scope="module")
-def base() -> Path:
-    return sample_models_dir() / "mixtral-healthy"
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, base) -> Path:
-    """A fine-tune's output folder made on another machine: the base its adapters name is not here."""
-    folder = tmp_path_factory.mktemp("finetune") / "run"
-    save_adapter_series(folder, base, STEPS, declared_base=DECLARED)
-    return folder
+base, run = adapter_run_fixtures(STEPS, DECLARED)
 
 
 @pytest.fixture(scope="module")
