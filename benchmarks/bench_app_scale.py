@@ -59,7 +59,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the launcher and
 import moeviz
 import tests.support.server as server
 from benchmarks.bench_app import _WAIT_JS as WAIT_JS
-from benchmarks.bench_app import REPEATS, SETTLE_MS, TIMEOUT_MS, caption_says, prompts, submit
+from benchmarks.bench_app import (
+    HEATMAP_CHANGED,
+    INIT_JS,
+    REPEATS,
+    SETTLE_MS,
+    TIMEOUT_MS,
+    WATCH_JS,
+    caption_says,
+    prompts,
+    submit,
+)
 from benchmarks.record import Figure, record
 from tests.support.scale_models import save_scale_model
 from tests.support.server import CHROMIUM, CHROMIUM_ARGS, running_app
@@ -67,71 +77,6 @@ from tests.support.server import CHROMIUM, CHROMIUM_ARGS, running_app
 TOKENS = 1000
 QUIET_MS = 400  # after the result is drawn: the page must stay unchanged this long before the CPU is read
 CHARTS = ("heatmap", "binned", "strip", "load", "token_scores")  # the containers (st.container keys) watched
-# Counts each canvas's renders: Vega's canvas renderer clears its canvas once at the start of every render
-# (vega-scenegraph CanvasRenderer.clear), so the watcher below reads a canvas's pixels only in the frames
-# after it was drawn, not every frame (a pixel read on every frame and chart took tens of ms of the very
-# main thread it measures). Installed in the page before the app's own scripts.
-_INIT_JS = """(() => {
-  const clear = CanvasRenderingContext2D.prototype.clearRect;
-  CanvasRenderingContext2D.prototype.clearRect = function (...args) {
-    (window.__cleared || (window.__cleared = new Set())).add(this.canvas);
-    return clear.apply(this, args);
-  };
-})()"""
-# A chart's signature: its canvas scaled down to 48 × 48 pixels and hashed (about a millisecond), or its
-# SVG's element count and text hashed.
-_SIG_JS = """(node) => {
-  if (!node) return '';
-  if (node.tagName !== 'CANVAS') {
-    const t = node.textContent; let h = node.querySelectorAll('*').length;  // markup: too costly every frame
-    for (let i = 0; i < t.length; i++) h = (h * 31 + t.charCodeAt(i)) | 0;
-    return 'svg' + t.length + ':' + h;
-  }
-  const o = window.__sig || (window.__sig = document.createElement('canvas'));
-  o.width = 48; o.height = 48;
-  const x = o.getContext('2d');
-  x.drawImage(node, 0, 0, 48, 48);
-  const d = x.getImageData(0, 0, 48, 48).data;
-  let h = 0;
-  for (let i = 0; i < d.length; i++) h = (h * 31 + d[i]) | 0;
-  return node.width + 'x' + node.height + ':' + h;
-}"""
-# Every frame: each chart's signature where it may have changed (a new node, a canvas drawn since, an SVG);
-# the time it last changed since the mark in __changed. __input: the time of the user's input (the first
-# pointer press or key press after the mark, its event's timestamp), where each interaction is measured
-# from: Playwright's own work before it presses (finding the element, waiting for it to stand still) is not
-# the user's action.
-_WATCH_JS = f"""(keys) => {{
-  const sig = {_SIG_JS};
-  window.__input = null;
-  if (!window.__inputHooked) {{
-    const first = (e) => {{ if (window.__input === null) window.__input = e.timeStamp; }};
-    for (const type of ['pointerdown', 'keydown']) document.addEventListener(type, first, true);
-    window.__inputHooked = true;
-  }}
-  const find = (k) => document.querySelector('.st-key-' + k + ' canvas, .st-key-' + k + ' svg.marks');
-  window.__cleared = new Set();
-  window.__changed = {{}};
-  const nodes = {{}}, prev = {{}};
-  for (const k of keys) {{ nodes[k] = find(k); prev[k] = sig(nodes[k]); }}
-  window.__watching = true;
-  const tick = () => {{
-    const cleared = window.__cleared;
-    for (const k of keys) {{
-      let node = nodes[k];
-      if (node && node.isConnected && node.tagName === 'CANVAS' && !cleared.has(node)) continue;
-      node = nodes[k] = find(k);
-      const s = sig(node);
-      if (s !== prev[k]) {{ prev[k] = s; window.__changed[k] = performance.now(); }}
-    }}
-    cleared.clear();
-    window.__lastChange = Math.max(0, ...Object.values(window.__changed));
-    if (window.__watching) requestAnimationFrame(tick);
-  }};
-  tick();
-}}"""
-# The heatmap drew something else than it showed at the mark (what the watcher saw in the last frame).
-HEATMAP_CHANGED = "(window.__changed.heatmap !== undefined)"
 # Resolves once nothing watched has changed for `quiet` ms and nothing on the page is stale.
 _QUIET_JS = """([quiet, timeout]) => new Promise((resolve, reject) => {
   const start = performance.now();
@@ -184,7 +129,7 @@ class App:
         self.page.wait_for_timeout(SETTLE_MS)
         if prepare is not None:
             prepare()
-        self.page.evaluate(_WATCH_JS, list(CHARTS))
+        self.page.evaluate(WATCH_JS, list(CHARTS))
         browser0, server0 = self.cpu()
         called = self.page.evaluate("() => performance.now()")
         action()
@@ -316,7 +261,7 @@ def app_server(name: str, repo: Path, folder: Path, env: dict[str, str | None], 
             browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
             try:
                 page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                page.add_init_script(_INIT_JS)
+                page.add_init_script(INIT_JS)
                 cdp = page.context.new_cdp_session(page)
                 cdp.send("Performance.enable", {"timeDomain": "threadTicks"})
                 page.goto(url, wait_until="domcontentloaded")
