@@ -70,8 +70,8 @@ is CPU time (`time.process_time`) with one torch thread (`torch.set_num_threads(
 the whole measurement is repeated 3 times and the figure is the median with the spread (min–max) in
 brackets, against a plain forward or a peer measured in the same run. Where a row says *wall*, it is
 wall-clock time, which follows the machine's load; the browser figures are wall-clock times in a real
-Chromium (headless, driven by Playwright), from the user's action to the frame that shows the result, with
-the server and the browser on the same machine.
+Chromium (headless, driven by Playwright), from the user's input (the pointer or key press event in the
+page) to the frame that shows the result, with the server and the browser on the same machine.
 
 **When** is the date (UTC) · the commit (`+`: with uncommitted changes on top) · the [machine](#machines) of
 the run. **Met** says whether the median (or, where the target says *each*, every repetition) meets the
