@@ -73,6 +73,9 @@ def contrast(a: list[float], b: list[float]) -> float:
 def open_routing(browser: Browser, url: str, theme: str, width: int) -> Page:
     page = open_app(browser, url, viewport={"width": width, "height": 3000}, color_scheme=theme)
     page.locator(".st-key-token_path svg.marks").wait_for(timeout=RENDER_TIMEOUT_S * 1000)
+    # the strip's labels too: its fragment may mount after the drill-down's chart (`charts_drawn` only
+    # waits for the charts already on the page)
+    page.locator(".st-key-strip svg .role-mark text").first.wait_for(timeout=RENDER_TIMEOUT_S * 1000)
     wait_until_idle(page)
     charts_drawn(page)
     assert_no_error(page)
