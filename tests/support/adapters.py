@@ -12,32 +12,14 @@ ATTENTION = ["q_proj", "v_proj"]
 ROUTER_AND_EXPERTS = ["mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 
 
-def save_adapter(
-    folder: Path,
-    *,
-    random_b: bool = True,
-    rank: int = 4,
-    seed: int = 1,
-    safe: bool = True,
-    modules: list[str] | None = None,
-    parameters: list[str] | None = None,
-    **overrides,
-) -> Path:
-    """A LoRA adapter saved by peft over a fresh tiny base (`overrides`: the base's config); B = 0 (peft's
-    default init: the update is zero) unless `random_b`."""
+def save_adapter(folder: Path, **options) -> Path:
+    """A LoRA adapter saved by peft over a fresh tiny base (`save_adapter_over`'s `options`; any other
+    keyword is the base's config); B = 0 (peft's default init: the update is zero) unless `random_b`."""
     from moeviz.testing.tiny_models import build_tiny_model
 
-    base = build_tiny_model(FAMILY, **overrides)
-    return save_adapter_over(
-        base,
-        folder,
-        random_b=random_b,
-        rank=rank,
-        seed=seed,
-        safe=safe,
-        modules=modules,
-        parameters=parameters,
-    )
+    names = ("random_b", "rank", "seed", "safe", "modules", "parameters")
+    adapter = {name: options.pop(name) for name in names if name in options}
+    return save_adapter_over(build_tiny_model(FAMILY, **options), folder, **adapter)
 
 
 def save_adapter_over(
