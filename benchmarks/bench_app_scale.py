@@ -10,13 +10,16 @@ Measured, each from the user's action to the frame in which the browser has draw
 2. switch MoE layer with the slider → heatmap of the new layer rendered (target < 0.5 s).
 3. sort the expert axis (by load, back by id) → heatmap redrawn; 4. pick an expert outside the layer's
    top-N (the least loaded, from the benchmark's own capture of the prompt) → heatmap redrawn with its row;
-5. open the token's drill-down (its scores at every layer × every expert, its path and margins) → drawn
-   (targets < 0.5 s). At scale it is drawn on request, by a heatmap click or its toggle: the toggle here
-   (a click on the heatmap's canvas selected no cell in headless Chromium, at HEAD as now).
+5. open the drill-down of a token not shown before (its scores at every layer × every expert, then its
+   path and margins) → its scores drawn (targets < 0.5 s). At scale it is drawn on request, by a heatmap
+   click or its toggle: the toggle here (a click on the heatmap's canvas selected no cell in headless
+   Chromium, at HEAD as now); a new token each time, as a user's clicks bring (the same token's charts
+   again would come from Streamlit's cache of sent messages).
 
 The wall time is the browser's clock from the user's input — the timestamp of the pointer or key press
 event the action dispatched in the page; Playwright's own checks before it presses (finding the option,
-waiting for it to stand still) are not the user's — to the first frame with the result. Besides it, each
+waiting for it to stand still) are not the user's — to the first frame with the result and nothing visible
+left stale (faded) from before. Besides it, each
 interaction reports what it cost in CPU, which the load of a shared machine does not inflate: the browser's
 (Chromium's renderer process, `Performance.getMetrics` ProcessTime over the DevTools protocol) and the
 server's (the Streamlit process, user + system), from the action until the page has been quiet for
@@ -170,16 +173,27 @@ def select_action(app: App, label: str, option: re.Pattern) -> tuple[Callable, C
 
 
 def drilldown_action(app: App) -> tuple[Callable, Callable]:
-    """(prepare, action): close the token's drill-down if open; open it with its toggle (what a heatmap
-    click also does: in headless Chromium here a click on the heatmap's canvas selected no cell, at HEAD
-    as now, so the toggle stands in for it)."""
+    """(prepare, action): close the token's drill-down if open and pick the next token (one whose views
+    were never drawn: Streamlit sends a chart the browser already has as a reference to its cached copy, so
+    reopening one token would time a cache hit); open its drill-down with the toggle (what a heatmap click
+    also does: in headless Chromium here a click on the heatmap's canvas selected no cell, at HEAD as now,
+    so the toggle stands in for it)."""
     toggle = app.page.get_by_role("switch", name=DRILLDOWN_TOGGLE)
 
     def prepare() -> None:
         if toggle.is_checked():
             app.page.get_by_text(DRILLDOWN_TOGGLE).click()
             app.page.evaluate(WAIT_JS, [f"!({DRILLDOWN_DRAWN})", TIMEOUT_MS])
-            app.page.wait_for_timeout(SETTLE_MS)
+        picker = app.page.get_by_role("combobox", name="Token", exact=True)
+        picker.scroll_into_view_if_needed()
+        before = picker.input_value()
+        picker.click()
+        app.page.keyboard.press("ArrowDown")
+        app.page.keyboard.press("Enter")
+        changed = "([box, before]) => box.value !== before"
+        app.page.wait_for_function(changed, arg=[picker.element_handle(), before], timeout=TIMEOUT_MS)
+        app.page.evaluate(WAIT_JS, ["true", TIMEOUT_MS])
+        app.page.wait_for_timeout(SETTLE_MS)
         toggle.scroll_into_view_if_needed()
 
     return prepare, lambda: app.page.get_by_text(DRILLDOWN_TOGGLE).click()

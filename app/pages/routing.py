@@ -544,8 +544,9 @@ def token_detail_at_scale() -> None:
                 "Rank experts by", list(RANK_BY), format_func=RANK_BY.get, horizontal=True, key="path_rank"
             )
             path = token_rank_path_chart(mine, rank_by=rank_by, load=frames.load, title=f"Path of {label!r}")
-            # layers × ranks cells (thousands at 58 layers): on a canvas, without per-mark ARIA text
-            exports.show_chart(exports.many_marks(path, len(path.data)), "token_path")
+            # up to layers × experts cells (an image and its hover bins past RASTER_ABOVE): on a canvas,
+            # without per-mark ARIA text
+            exports.show_chart(exports.many_marks(path, len(mine)), "token_path")
             st.caption(
                 "Where its experts stand in each layer's ranking (0 = first); dot size = combination weight, "
                 "colour = slot, dashed line joins the top-1 experts. A dispatched expert below rank k was "

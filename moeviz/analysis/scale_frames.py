@@ -59,7 +59,7 @@ def token_scores_frame(trace: Trace, seq: int, pos: int, stream: str = "input") 
     """One token's router scores at every MoE layer that routed it: one row per (site, layer, expert),
     columns TOKEN_SCORES_COLUMNS (weight 0 and dispatched False where not dispatched). The same rows as
     `stack_scores` of every layer's `scores_frame` filtered to the token, without building those frames."""
-    parts = []
+    columns: dict[str, list] = {name: [] for name in TOKEN_SCORES_COLUMNS}
     for routing, i in _token_layers(trace, _token_row(trace, seq, pos, stream)):
         token = _one_token(routing, i)  # its scores from its own logits: not the layer's [N, E] derived
         e = routing.num_experts
@@ -69,21 +69,21 @@ def token_scores_frame(trace: Trace, seq: int, pos: int, stream: str = "input") 
         valid = experts >= 0
         weight[experts[valid]] = routing.weights[i][valid]
         dispatched[experts[valid]] = True
-        parts.append(
-            pd.DataFrame(
-                {
-                    "site": routing.site,
-                    "layer": routing.layer,
-                    "expert": np.arange(e),
-                    "score": token.scores[0],
-                    "selection_score": token.selection_scores[0],
-                    "logit": routing.logits[i],
-                    "weight": weight,
-                    "dispatched": dispatched,
-                }
-            )
-        )
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=TOKEN_SCORES_COLUMNS)
+        for name, values in (
+            ("site", np.full(e, routing.site, dtype=object)),
+            ("layer", np.full(e, routing.layer, dtype=np.int64)),
+            ("expert", np.arange(e)),
+            ("score", token.scores[0]),
+            ("selection_score", token.selection_scores[0]),
+            ("logit", routing.logits[i]),
+            ("weight", weight),
+            ("dispatched", dispatched),
+        ):
+            columns[name].append(values)
+    if not columns["site"]:
+        return pd.DataFrame(columns=TOKEN_SCORES_COLUMNS)
+    # one frame from whole columns: a frame per layer and their concatenation took 3× as long
+    return pd.DataFrame({name: np.concatenate(parts) for name, parts in columns.items()})
 
 
 def mean_score_frame(trace: Trace) -> pd.DataFrame:

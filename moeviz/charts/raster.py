@@ -31,10 +31,12 @@ from moeviz.settings import current_settings
 
 # cells: a heatmap with more is drawn as an image (the setting MOEVIZ_RASTER_ABOVE overrides it)
 RASTER_ABOVE = 4000
-OVERLAY_CELLS = 2_500  # the most hover bins of a raster's overlay
+# the most hover bins of a raster's overlay: each is a mark the browser builds (through Vega's slow CSP-safe
+# interpreter), ~1,800 of them were half a token's drill-down; at 58 layers × 256 experts, bins of 16
+OVERLAY_CELLS = 1_000
 MIN_IMAGE_PX = 600  # a raster is upscaled (whole factor) to at least this many pixels along each axis
 MAX_IMAGE_PX = 2_048  # … but never past this many along either axis
-LISTED_CELLS = 8  # a bin of at most this many cells lists each cell's value in its tooltip
+LISTED_CELLS = 16  # a bin of at most this many cells lists each cell's value in its tooltip
 
 # Colour stops (hex) of the ramps, low to high, sampled from the d3/Vega schemes of the same names; the
 # raster interpolates between them in RGB, as the legend's Vega scale does (`ColourRamp.scale`).
@@ -157,12 +159,19 @@ def use_raster(rows: int, cols: int, threshold: int | None = None) -> bool:
 def overlay_bins(rows: int, cols: int, max_cells: int = OVERLAY_CELLS) -> tuple[int, int]:
     """Cells per bin (along rows, along columns) so that the bins number at most `max_cells`. Few rows (58
     layers × 256 experts): one row per bin of at most LISTED_CELLS columns (a bin reads "layer 21, experts
-    84–89" and lists each cell);
+    84–89" and lists each cell); few columns (256 ranks × 58 layers), the same along a column (where both
+    fit, along the shorter axis);
     else the axis with more bins is coarsened first, so bins stay about as many along each axis."""
     if rows * cols <= max_cells:
         return 1, 1
-    if rows <= max_cells and math.ceil(cols / (max_cells // rows)) <= LISTED_CELLS:
-        return 1, math.ceil(cols / (max_cells // rows))
+    along_row = math.ceil(cols / (max_cells // rows)) if rows <= max_cells else None
+    along_column = math.ceil(rows / (max_cells // cols)) if cols <= max_cells else None
+    if along_column is not None and along_column <= LISTED_CELLS and cols < rows:
+        return along_column, 1
+    if along_row is not None and along_row <= LISTED_CELLS:
+        return 1, along_row
+    if along_column is not None and along_column <= LISTED_CELLS:
+        return along_column, 1
     by_row, by_col = 1, 1
     while math.ceil(rows / by_row) * math.ceil(cols / by_col) > max_cells:
         if math.ceil(rows / by_row) >= math.ceil(cols / by_col):
@@ -179,12 +188,15 @@ def overlay_frame(
     col_labels: Sequence | None = None,
     max_cells: int = OVERLAY_CELLS,
     value_format: str = "{:.4g}",
+    cell_labels: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """One row per bin of `matrix` [R, C] (`overlay_bins`): its edges in cell positions (x0, x1, y0, y1:
     column and row ± 0.5), the rows and columns it covers as labels (row_from, row_to, col_from, col_to:
     `row_labels[i]`, default the index), mean / min / max over its finite cells (NaN when none), and
     `values`: each cell's value ("label: value" joined by " · ") when it holds at most LISTED_CELLS cells,
-    else ""."""
+    else "". A cell's label is its column's or row's (the other is the bin's one; both in a bin of several
+    rows and columns), or
+    `cell_labels[r, c]` [R, C] when given (what sits in the cell: a layer's expert at a rank)."""
     matrix = np.asarray(matrix, dtype=np.float64)
     rows, cols = matrix.shape
     row_labels = list(range(rows)) if row_labels is None else list(row_labels)
@@ -223,17 +235,25 @@ def overlay_frame(
         }
     )
     if by_row * by_col <= LISTED_CELLS:
-        listed = []
-        for r, c in zip(bin_r, bin_c, strict=True):
-            parts = [
-                f"{col_labels[j]}: {value_format.format(matrix[i, j])}"
-                if by_row == 1
-                else f"{row_labels[i]}/{col_labels[j]}: {value_format.format(matrix[i, j])}"
-                for i in range(r0[r], r1[r] + 1)
-                for j in range(c0[c], c1[c] + 1)
-            ]
-            listed.append(" · ".join(parts))
-        frame["values"] = listed
+        # each cell's "label: value" once, then each bin's cells joined: the cells of a bin are a block of
+        # the padded grid (row by row), its padding None
+        labels: np.ndarray  # [R, C]
+        if cell_labels is not None:
+            labels = np.asarray(cell_labels, dtype=object)
+        elif by_row == 1:  # the bin's one row is in its heading: each cell is its column
+            labels = np.broadcast_to(np.array([str(c) for c in col_labels], dtype=object), (rows, cols))
+        elif by_col == 1:  # … its one column: each cell is its row
+            labels = np.broadcast_to(np.array([[str(r)] for r in row_labels], dtype=object), (rows, cols))
+        else:
+            labels = np.array([[f"{r}/{c}" for c in col_labels] for r in row_labels], dtype=object)
+        texts = [
+            f"{label}: {value_format.format(v)}"
+            for label, v in zip(labels.ravel(), matrix.ravel().tolist(), strict=True)
+        ]
+        cells = np.full((n_r * by_row, n_c * by_col), None, dtype=object)
+        cells[:rows, :cols] = np.array(texts, dtype=object).reshape(rows, cols)
+        listed = cells.reshape(n_r, by_row, n_c, by_col).transpose(0, 2, 1, 3).reshape(n_r * n_c, -1)
+        frame["values"] = [" · ".join(cell for cell in block if cell is not None) for block in listed]
     else:
         frame["values"] = ""
     return frame
@@ -242,7 +262,8 @@ def overlay_frame(
 def formatted(values: np.ndarray, spec: str) -> list[str]:
     """[N] each value in the format `spec` (Python's mini-language, which agrees with d3-format's for the
     "f", "g" and "%" specs the charts use), "" where it is not finite."""
-    return [format(float(v), spec) if math.isfinite(v) else "" for v in np.asarray(values, dtype=np.float64)]
+    numbers = np.asarray(values, dtype=np.float64).tolist()  # Python floats format twice as fast
+    return [format(v, spec) if math.isfinite(v) else "" for v in numbers]
 
 
 def spans(first: pd.Series, last: pd.Series) -> list[str]:
@@ -271,13 +292,16 @@ def raster_layers(
     value_format: str = ".4g",
     hover: np.ndarray | None = None,
     image_url: str | None = None,
+    cell_labels: np.ndarray | None = None,
 ) -> list[alt.Chart]:
     """The image of `matrix` [R, C] (cell (r, c) spans column c ± 0.5 on `x_scale`, row r ± 0.5 on
     `y_scale`: give both domains [-0.5, n - 0.5], y reversed for row 0 at the top) and, with `overlay`, the
     transparent hover bins (`overlay_frame`) carrying the colour legend of `ramp`. `hover` [R, C]: the
     values the tooltips give when they are not the coloured ones (utilisation coloured by its log₂).
     `image_url`: the image already encoded (`png_data_url(matrix, ramp)`: one encoding for two views of a
-    matrix). Each layer has its own data; layer them with any marks on the same scales (outlines, dots)."""
+    matrix). `cell_labels` [R, C]: what each cell's value is listed under in a bin's tooltip
+    (`overlay_frame`). Each layer has its own data; layer them with any marks on the same scales (outlines,
+    dots): the image carries the axes, layers over it name none (`over_axis`)."""
     rows, cols = np.asarray(matrix).shape
     image = pd.DataFrame(
         {
@@ -304,9 +328,15 @@ def raster_layers(
     if not overlay:
         return parts
     bins = overlay_frame(
-        matrix if hover is None else hover, row_labels=row_labels, col_labels=col_labels, max_cells=max_cells
+        matrix if hover is None else hover,
+        row_labels=row_labels,
+        col_labels=col_labels,
+        max_cells=max_cells,
+        cell_labels=cell_labels,
     )
-    bins["shade"] = bins["mean"] if hover is None else overlay_frame(matrix, max_cells=max_cells)["mean"]
+    shade = "mean" if hover is None else "shade"
+    if hover is not None:
+        bins["shade"] = overlay_frame(matrix, max_cells=max_cells)["mean"]
     single = bool((bins["cells"] <= 1).all()) and len(bins) == rows * cols
     # the tooltip's text made here, each range one field ("84–89", "0.01 – 0.3"), not per bin by the
     # browser: Vega builds each of thousands of tooltips, a conditional and a d3-format call per field,
@@ -317,28 +347,39 @@ def raster_layers(
     if not single:
         low, high = (formatted(bins[column].to_numpy(), value_format) for column in ("min", "max"))
         bins["range_text"] = [f"{a} – {b}" if a != b else a for a, b in zip(low, high, strict=True)]
-    tooltip = [
-        alt.Tooltip("rows_text:N", title=row_title),
-        alt.Tooltip("cols_text:N", title=col_title),
-        alt.Tooltip("mean_text:N", title=value_title if single else f"mean {value_title}"),
-        *([] if single else [alt.Tooltip("range_text:N", title="range")]),
-        *([alt.Tooltip("values:N", title="each cell")] if bins["values"].str.len().gt(0).any() else []),
-    ]
+    said = {
+        "rows_text": row_title,
+        "cols_text": col_title,
+        "mean_text": value_title if single else f"mean {value_title}",
+        **({} if single else {"range_text": "range"}),
+        **({"values": "each cell"} if bins["values"].str.len().gt(0).any() else {}),
+    }
+    tooltip = [alt.Tooltip(field=field, type="nominal", title=title) for field, title in said.items()]
     legend = legend or alt.Legend(title=value_title)
     legend["gradientOpacity"] = 1  # the overlay is transparent, its legend is not
+    # the browser gets what the bins draw and say, no more: their labels and statistics as numbers and
+    # text besides were a third of a drill-down's bytes
+    shipped = ["x0", "x1", "y0", "y1", "mean", *([] if hover is None else ["shade"]), *said]
     parts.append(
-        alt.Chart(bins)
+        alt.Chart(bins[shipped])
         .mark_rect(opacity=0, clip=clip)
         .encode(
-            x=alt.X("x0:Q", scale=x_scale, axis=x_axis),
+            x=alt.X("x0:Q", scale=x_scale, axis=over_axis(x_axis)),
             x2=alt.X2("x1"),
-            y=alt.Y("y0:Q", scale=y_scale, axis=y_axis),
+            y=alt.Y("y0:Q", scale=y_scale, axis=over_axis(y_axis)),
             y2=alt.Y2("y1"),
-            color=alt.Color("shade:Q", scale=ramp.scale(), legend=legend),
+            color=alt.Color(f"{shade}:Q", scale=ramp.scale(), legend=legend),
             tooltip=tooltip,
         )
     )
     return parts
+
+
+def over_axis(axis: alt.Axis | None) -> Any:
+    """The axis argument of a layer drawn over one whose axis is `axis`: none where it has none, else
+    unset — Vega-Lite merges the layers' axes of a shared scale, so the first layer's (with its tick and
+    label expressions, kilobytes at hundreds of experts) is not shipped and parsed once per layer."""
+    return None if axis is None else alt.Undefined
 
 
 def position_axis(title: str, labels: Sequence | None = None) -> alt.Axis:

@@ -34,6 +34,7 @@ from moeviz.charts.raster import (
     OVERLAY_CELLS,
     ColourRamp,
     formatted,
+    over_axis,
     png_data_url,
     raster_layers,
     use_raster,
@@ -383,7 +384,7 @@ def _raster_layer_expert(
         shade, ramp, x_scale=full, y_scale=y_scale, x_axis=overview_axis, y_axis=None, overlay=False, **common
     )
 
-    def outline(x_scale: alt.Scale, x_axis: alt.Axis, y_axis: alt.Axis | None, clip: bool = False) -> list:
+    def outline(x_scale: alt.Scale, x_axis: Any, y_axis: Any, clip: bool = False) -> list:
         if highlight is None or int(highlight) not in ids:
             return []
         pos = ids.index(int(highlight))
@@ -400,7 +401,7 @@ def _raster_layer_expert(
             )
         ]
 
-    overview = alt.layer(image.add_params(brush), *outline(full, overview_axis, None)).properties(
+    overview = alt.layer(image.add_params(brush), *outline(full, over_axis(overview_axis), None)).properties(
         width=width,
         height=min(max(2 * num_rows, 40), 120),
         title=alt.Title(heading, subtitle=_subtitle(num_cols)),
@@ -415,7 +416,7 @@ def _raster_layer_expert(
             shade, ramp, x_scale=detail_scale, y_scale=y_scale, x_axis=detail_axis, y_axis=layer_axis,
             clip=True, max_cells=OVERLAY_CELLS, **common,
         ),
-        *outline(detail_scale, detail_axis, layer_axis, clip=True),
+        *outline(detail_scale, over_axis(detail_axis), over_axis(layer_axis), clip=True),
     ]  # fmt: skip
     if dots:
         marked = data[data["dispatched"].to_numpy()]
@@ -423,8 +424,8 @@ def _raster_layer_expert(
             alt.Chart(marked[["layer", "expert", "pos", "row", "value"]])
             .mark_circle(color=DOT_COLOUR, size=28, opacity=1, clip=True)
             .encode(
-                x=alt.X("pos:Q", scale=detail_scale, axis=detail_axis),
-                y=alt.Y("row:Q", scale=y_scale, axis=layer_axis),
+                x=alt.X("pos:Q", scale=detail_scale, axis=over_axis(detail_axis)),
+                y=alt.Y("row:Q", scale=y_scale, axis=over_axis(layer_axis)),
                 tooltip=[
                     alt.Tooltip("layer:O"),
                     alt.Tooltip("expert:O"),
@@ -479,6 +480,7 @@ def token_rank_path_chart(
     load: pd.DataFrame | None = None,
     max_rank: int | None = None,
     title: str | None = None,
+    raster: bool | None = None,
 ) -> alt.LayerChart:
     """One token's expert path as layer × expert rank: where, at each layer, the experts it was dispatched to
     stand in that layer's ranking, so the view has the same shape for 8 or 384 experts.
@@ -494,7 +496,10 @@ def token_rank_path_chart(
       (`expert_balance_frame` rows: layer, expert, count, site optional); only the dispatched experts.
     Dots: dispatched experts, sized by weight, coloured by slot (0 = largest weight); the top-1 slot joined
     across layers (routing without weights, an engine import: one size and colour, no line; rank it by
-    "load", its scores being NaN). Rows shipped: layers × (ranks shown), at most layers × E.
+    "load", its scores being NaN). Rows shipped: layers × (ranks shown), at most layers × E; above
+    RASTER_ABOVE cells (`raster`: True/False to choose) the background is an image of the [ranks, layers]
+    scores with hover bins naming each cell's expert (`moeviz.charts.raster`), and the rows shipped are the
+    dispatched ones.
     """
     if rank_by not in RANK_BY:
         raise ValueError(f"rank_by must be one of {RANK_BY}, got {rank_by!r}")
@@ -552,9 +557,13 @@ def token_rank_path_chart(
         "load": "rank by layer load (0 = busiest)",
     }[rank_by]
     y_axis = _position_axis(rank_title)
-    # its numbers formatted here, not by d3-format per cell in the browser (thousands of cells)
-    data["score_text"] = formatted(data["score"].to_numpy(), ".4f")
-    data["weight_text"] = formatted(data["weight"].to_numpy(), ".4f")
+    rastered = rank_by != "load" and (use_raster(top, num_rows) if raster is None else raster)
+    # its numbers formatted here, not by d3-format per cell in the browser (thousands of cells); behind a
+    # raster only the dispatched rows (the dots) carry a tooltip of their own
+    texted = data["dispatched"].to_numpy(dtype=bool) if rastered else slice(None)
+    for field, column in (("score_text", "score"), ("weight_text", "weight")):
+        data[field] = ""
+        data.loc[texted, field] = formatted(data.loc[texted, column].to_numpy(), ".4f")
     tooltip = [
         alt.Tooltip("layer:O"),
         alt.Tooltip("expert:O"),
@@ -563,8 +572,11 @@ def token_rank_path_chart(
         alt.Tooltip("weight_text:N", title="weight"),
         alt.Tooltip("dispatched:N"),
     ]
-    parts = []
-    if rank_by != "load":
+    parts: list[alt.Chart] = []
+    if rastered:
+        parts = _rank_background(data, top, labels, values_field, x_scale, y_scale, x_axis, y_axis)
+        x, y_axis = alt.X("row:Q", scale=x_scale, axis=over_axis(x_axis)), over_axis(y_axis)
+    elif rank_by != "load":
         # cell edges computed here, not by Vega: the browser evaluates a Vega expression per row through its
         # CSP-safe interpreter (four per cell, thousands of cells at hundreds of experts)
         data["x0"], data["x1"] = data["row"] - 0.5, data["row"] + 0.5
@@ -615,11 +627,48 @@ def token_rank_path_chart(
         else [t for t in tooltip if t.shorthand not in ("weight_text:N", "score_text:N")],
     )
     marks = [*parts, line, dots] if weighted else [*parts, dots]
-    layered = alt.layer(*marks, data=data).resolve_scale(color="independent")
+    # the raster's layers and the dots carry their own data: the cells are not shipped besides
+    layered = alt.layer(*marks, data=alt.Undefined if rastered else data).resolve_scale(color="independent")
     return layered.properties(
         title=alt.Title(title or "Expert path by rank", subtitle=f"{rank_title}; {k} experts per layer"),
         height=min(max(14 * top, 160), 520),
         autosize=FIT_WIDTH,
+    )
+
+
+def _rank_background(
+    data: pd.DataFrame,
+    top: int,
+    labels: list[str],
+    values_field: str,
+    x_scale: alt.Scale,
+    y_scale: alt.Scale,
+    x_axis: alt.Axis,
+    y_axis: alt.Axis,
+) -> list[alt.Chart]:
+    """`token_rank_path_chart`'s background above RASTER_ABOVE cells: the [ranks, layers] matrix of scores
+    as one image (greys, NaN where a layer shows no such rank) and its hover bins, each cell listed as
+    "rank expert: score"."""
+    matrix = np.full((top, len(labels)), np.nan)
+    cells = np.full((top, len(labels)), "", dtype=object)
+    rank, row = data["rank"].to_numpy(), data["row"].to_numpy()
+    matrix[rank, row] = data["score"].to_numpy(dtype=np.float64)
+    cells[rank, row] = [f"{r} e{e}" for r, e in zip(rank, data["expert"].to_numpy(), strict=True)]
+    finite = matrix[np.isfinite(matrix)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    return raster_layers(
+        matrix,
+        ColourRamp.of("greys", (lo, hi if hi > lo else lo + 1e-9)),
+        x_scale=x_scale,
+        y_scale=y_scale,
+        x_axis=x_axis,
+        y_axis=y_axis,
+        row_title="rank",
+        col_title="layer",
+        value_title=values_field,
+        col_labels=labels,
+        value_format=".4f",
+        cell_labels=cells,
     )
 
 

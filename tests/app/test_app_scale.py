@@ -166,6 +166,25 @@ def test_routing_load_curve_carries_bootstrap_bands_at_scale(viewed) -> None:
     assert "Grey band: 90% bootstrap band (400 draws, tokens resampled" in captions
 
 
+@pytest.mark.parametrize("synthetic", ["deepseek_v3"], indirect=True)
+def test_token_drilldown_draws_a_deep_rank_path_as_an_image(viewed, monkeypatch) -> None:
+    """Past MOEVIZ_RASTER_ABOVE cells (a group-limited router's path reaches ranks in the hundreds at 58
+    layers) the token's rank path is an image with hover bins under its dots, drawn like the rest."""
+    _, _, prompt = viewed
+    monkeypatch.setenv("MOEVIZ_RASTER_ABOVE", "1000")
+    at = run_page("pages/routing.py", timeout_s=300, model="sample:mixtral-healthy", prompt=prompt)
+    at.toggle(key="scale_token_detail_widget").set_value(True).run()
+    assert not at.exception, [e.value for e in at.exception]
+    path = next(c for c in at.get("vega_lite_chart") if "Path of" in c.proto.spec)
+    marks = [
+        v["mark"] if isinstance(v["mark"], str) else v["mark"]["type"]
+        for v in _views(json.loads(path.proto.spec))
+    ]
+    assert marks[:2] == ["image", "rect"] and "circle" in marks  # the image, its hover bins, the dots
+    shipped = [len(d.data.data) for d in path.proto.datasets]
+    assert max(shipped) < 1_000_000 and len(path.proto.datasets) == len(marks)  # no dataset of every cell
+
+
 # ---- the pages that run the model, on a real random model per shape --------------------------------------
 @pytest.fixture(scope="module", params=list(SHAPES))
 def scale_model(request, tiny_model_dir):

@@ -13,9 +13,11 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from moeviz.charts import layer_expert_heatmap
+from moeviz.analysis.scale_frames import token_scores_frame
+from moeviz.charts import layer_expert_heatmap, token_rank_path_chart
 from moeviz.charts.attention import attention_map_raster
 from moeviz.charts.raster import (
+    OVERLAY_CELLS,
     RASTER_ABOVE,
     SCHEMES,
     ColourRamp,
@@ -26,6 +28,7 @@ from moeviz.charts.raster import (
     upscale_factors,
     use_raster,
 )
+from moeviz.testing.scale_traces import synthetic_trace
 
 
 def decode(url: str) -> np.ndarray:
@@ -188,3 +191,42 @@ def test_attention_map_raster_shape_and_domain() -> None:
     assert bins["mean"].to_numpy() @ ((bins["x1"] - bins["x0"]) * (bins["y1"] - bins["y0"])).to_numpy() == (
         pytest.approx(n)  # weights, not shades: every row sums to 1
     )
+
+
+def test_rank_path_background_raster_names_each_cells_expert() -> None:
+    trace = synthetic_trace(num_tokens=12, seed=2)  # DeepSeek-V3 shaped: 58 MoE layers × 256 experts
+    pos = 7
+    chart = token_rank_path_chart(token_scores_frame(trace, 0, pos), rank_by="score", raster=True)
+    spec = chart.to_dict()
+    image, overlay, _line, dots = spec["layer"]
+    # independently: each layer's experts ranked by the token's score, down to the deepest dispatched one
+    ranked = [np.argsort(-r.scores[pos], kind="stable") for r in trace.layers]
+    deepest = max(
+        int(np.flatnonzero(np.isin(order, r.experts[pos])).max())
+        for order, r in zip(ranked, trace.layers, strict=True)
+    )
+    top = max(deepest + 1, 16)
+    scores = np.array([r.scores[pos][order[:top]] for order, r in zip(ranked, trace.layers, strict=True)]).T
+    pixels = decode(spec["datasets"][image["data"]["name"]][0]["url"])
+    fy, fx = upscale_factors(*scores.shape)
+    assert pixels.shape[:2] == (scores.shape[0] * fy, scores.shape[1] * fx)
+    greys, lo, hi = list(SCHEMES["greys"]), scores.min(), scores.max()
+    for rank, column in [(0, 0), (top - 1, 57), (5, 30), (11, 2)]:
+        want = expected_colour(scores[rank, column], greys, lo, hi)
+        assert np.abs(pixels[rank * fy, column * fx].astype(int) - want).max() <= 1  # float32 scores
+    # each hover bin lists its cells as "rank eX: score", X the expert at that rank of that layer
+    bins = pd.DataFrame(spec["datasets"][overlay["data"]["name"]])
+    layer_at = {str(r.layer): i for i, r in enumerate(trace.layers)}
+    checked = 0
+    for _, bin_ in bins.iterrows():
+        column = layer_at[bin_["cols_text"]]  # one layer a bin: its ranks listed
+        for cell in bin_["values"].split(" · "):
+            where, value = cell.split(": ")
+            rank, expert = where.split(" e")
+            assert int(expert) == ranked[column][int(rank)]
+            assert value == format(float(scores[int(rank), column]), ".4g")
+            checked += 1
+    assert checked == scores.size
+    # the dots are the dispatched experts; no dataset ships a row per cell
+    assert len(spec["datasets"][dots["data"]["name"]]) == 8 * len(trace.layers)
+    assert max(len(rows) for rows in spec["datasets"].values()) <= min(OVERLAY_CELLS, scores.size // 2)
