@@ -42,15 +42,16 @@ HEATMAP_CELLS = '.st-key-heatmap [aria-roledescription="rect mark"]'
 SECTION, COMMAND = "The app in a browser", "python benchmarks/bench_app.py"
 
 # Resolves when `check()` (a JS expression) holds and nothing visible on the page is stale; polled every
-# frame. An element of no height is not seen: Streamlit keeps the main script's empty placeholders (the
-# progress bar's `st.empty`) marked stale while a fragment runs, to its end, though nothing shows faded.
+# frame. An empty placeholder is not seen: Streamlit keeps the main script's `st.empty` (the progress bar's)
+# marked stale while a fragment runs, to its end, though nothing shows faded. (A selector, not a size read:
+# that would force a layout in every frame of the very main thread it times.)
 _WAIT_JS = """([check, timeout]) => new Promise((resolve, reject) => {
   const ok = new Function('return (' + check + ')');
   const start = performance.now();
   const tick = () => {
     if (performance.now() - start < 30) { requestAnimationFrame(tick); return; }  // let the action land
-    const stale = [...document.querySelectorAll('[data-stale="true"]')]
-      .find((e) => e.getBoundingClientRect().height > 0);
+    const stale = document.querySelector(
+      '[data-stale="true"]:not(:has(> [data-testid="stEmpty"]:only-child))');
     if (ok() && !stale) resolve(performance.now());
     else if (performance.now() - start > timeout) reject(new Error('timed out waiting for ' + check +
       (stale ? ' (stale elements left)' : '')));
