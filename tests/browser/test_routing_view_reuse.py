@@ -5,8 +5,10 @@ switch costs in the browser. Streamlit builds a new view only when a chart's spe
 into the view it has when only the data changes; the page keeps its per-layer charts' specs free of the
 layer and of the chosen expert so that it can. What is checked is that mechanism, not a time: the drawn
 canvas or SVG node of each per-layer chart is the same node after the interaction (a new view replaces it),
-while what it draws has changed (the new layer's data did arrive). One random DeepSeek-V3-shaped model (256
-experts, 58 MoE layers: tests/support/scale_models.py), the app's example prompt."""
+while what it draws has changed (the new layer's data did arrive). Also the token's drill-down, drawn as
+images: what its hover bins say under the pointer, against the library's capture. One random
+DeepSeek-V3-shaped model (256 experts, 58 MoE layers: tests/support/scale_models.py), the app's example
+prompt."""
 
 from __future__ import annotations
 
@@ -172,5 +174,60 @@ def test_a_sort_reruns_only_the_views_that_list_the_experts(scale_app, browser) 
         assert not {"Tokens by top-1 expert", "Expert load, sorted"} & set(sent), sent
         after = page.evaluate(_TAG_JS, [list(CHARTS), False])
         _assert_views_kept(before, after)
+    finally:
+        page.close()
+
+
+# The tooltip Vega shows under the pointer: its rows as [key, value], or null while none shows.
+_TOOLTIP_JS = """() => {
+  const tip = document.querySelector('#vg-tooltip-element.visible');
+  if (!tip) return null;
+  return [...tip.querySelectorAll('tr')].map(tr => [...tr.querySelectorAll('td')].map(td => td.textContent));
+}"""
+
+
+def _hover_until(page: Page, key: str, wanted: str) -> dict[str, str]:
+    """Move the pointer over a grid of points of the chart `key` until a tooltip with the row `wanted` shows;
+    → its rows."""
+    box = page.locator(f".st-key-{key} canvas").first.bounding_box()
+    assert box is not None
+    for fy in (0.55, 0.65, 0.75, 0.45, 0.85):
+        for fx in (0.5, 0.35, 0.65, 0.25, 0.75):
+            page.mouse.move(box["x"] + fx * box["width"], box["y"] + fy * box["height"])
+            next_frames(page)
+            rows = page.evaluate(_TOOLTIP_JS)
+            if rows and wanted in dict(rows):
+                return dict(rows)
+    raise AssertionError(f"no tooltip with {wanted!r} over {key}")
+
+
+def test_a_tokens_drilldown_names_each_hovered_cell(scale_app, browser) -> None:
+    """The token's drill-down at scale, drawn as images: hovering its layer × expert scores lists each
+    expert's score of a bin, hovering the background of its rank path names the expert at each rank, both
+    as the library's capture of the prompt has them."""
+    folder, url = scale_app
+    page = open_app(browser, url, viewport={"width": 1400, "height": 1000})
+    try:
+        prompt = page.locator(".st-key-routing_prompt textarea").input_value()
+        trace = moeviz.capture(moeviz.load_model(folder), prompt)
+        scores = {r.layer: r.scores[0] for r in trace.layers}  # the drill-down starts on the first token
+        after_run(page, page.get_by_text("Show this token at every layer").click)
+        for key in ("token_scores", "token_path"):
+            page.locator(f".st-key-{key} canvas").first.wait_for(timeout=60_000)
+        charts_drawn(page)
+        assert_no_error(page)
+        page.locator(".st-key-token_scores").scroll_into_view_if_needed()
+        heat = _hover_until(page, "token_scores", "each cell")
+        layer = int(heat["layer"])
+        for cell in heat["each cell"].split(" · "):  # "expert: score", the experts of the bin
+            expert, value = cell.split(": ")
+            assert value == format(float(scores[layer][int(expert)]), ".4g"), (layer, cell)
+        page.locator(".st-key-token_path").scroll_into_view_if_needed()
+        path = _hover_until(page, "token_path", "each cell")
+        ranked = np.argsort(-scores[int(path["layer"])], kind="stable")
+        for cell in path["each cell"].split(" · "):  # "rank eX: score", X the expert at that rank
+            where, value = cell.split(": ")
+            rank, expert = (int(x) for x in where.split(" e"))
+            assert expert == ranked[rank], (path["layer"], cell)
     finally:
         page.close()
