@@ -19,12 +19,12 @@ Measured, each from the user's action to the frame in which the browser has draw
 The wall time is the browser's clock from the user's input — the timestamp of the pointer or key press
 event the action dispatched in the page; Playwright's own checks before it presses (finding the option,
 waiting for it to stand still) are not the user's — to the first frame with the result and nothing visible
-left stale (faded) from before. Besides it, each
-interaction reports what it cost in CPU, which the load of a shared machine does not inflate: the browser's
-(Chromium's renderer process, `Performance.getMetrics` ProcessTime over the DevTools protocol) and the
-server's (the Streamlit process, user + system), from the action until the page has been quiet for
-QUIET_MS; and when each chart of the layer's views was last redrawn (a signature of its canvas, read in
-the frames after Vega drew on it, or of its SVG), ms after the input.
+left stale (faded) from before. Besides it, each interaction reports what it cost in CPU, which the load
+of a shared machine does not inflate: the browser's (Chromium's renderer process, `Performance.getMetrics`
+ProcessTime over the DevTools protocol) and the server's (the Streamlit process, user + system), from the
+action until the page has been quiet for QUIET_MS; and when each chart of the layer's views was last
+redrawn (a signature of its canvas, read in the frames after Vega drew on it, or of its SVG), ms after the
+input.
 
 Each interaction is reported as its median and spread (min–max) over its repetitions. Apps measured side by
 side in one run, one server and one browser each, their interactions interleaved: "current" (this checkout;

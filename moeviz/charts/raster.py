@@ -195,8 +195,8 @@ def overlay_frame(
     `row_labels[i]`, default the index), mean / min / max over its finite cells (NaN when none), and
     `values`: each cell's value ("label: value" joined by " · ") when it holds at most LISTED_CELLS cells,
     else "". A cell's label is its column's or row's (the other is the bin's one; both in a bin of several
-    rows and columns), or
-    `cell_labels[r, c]` [R, C] when given (what sits in the cell: a layer's expert at a rank)."""
+    rows and columns), or `cell_labels[r, c]` [R, C] when given (what sits in the cell: a layer's expert at
+    a rank)."""
     matrix = np.asarray(matrix, dtype=np.float64)
     rows, cols = matrix.shape
     row_labels = list(range(rows)) if row_labels is None else list(row_labels)
