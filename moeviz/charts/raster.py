@@ -181,6 +181,31 @@ def overlay_bins(rows: int, cols: int, max_cells: int = OVERLAY_CELLS) -> tuple[
     return by_row, by_col
 
 
+def _blocks(matrix: np.ndarray, by_row: int, by_col: int) -> np.ndarray:
+    """[bins down, bins across, by_row · by_col] the cells of each bin of `matrix` [R, C], row by row, NaN
+    past its edges."""
+    rows, cols = matrix.shape
+    n_r, n_c = math.ceil(rows / by_row), math.ceil(cols / by_col)
+    padded = np.full((n_r * by_row, n_c * by_col), np.nan)
+    padded[:rows, :cols] = matrix
+    return padded.reshape(n_r, by_row, n_c, by_col).transpose(0, 2, 1, 3).reshape(n_r, n_c, -1)
+
+
+def _finite_mean(blocks: np.ndarray) -> np.ndarray:
+    """[bins down, bins across] the mean of each bin's finite cells, NaN where it has none."""
+    finite = np.isfinite(blocks)
+    count = finite.sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, np.where(finite, blocks, 0.0).sum(-1) / np.maximum(count, 1), np.nan)
+
+
+def binned_mean(matrix: np.ndarray, max_cells: int = OVERLAY_CELLS) -> np.ndarray:
+    """[bins] `overlay_frame(matrix, max_cells=max_cells)["mean"]` without the bins' labels and listings."""
+    matrix = np.asarray(matrix, dtype=np.float64)
+    rows, cols = matrix.shape
+    return _finite_mean(_blocks(matrix, *overlay_bins(rows, cols, max_cells))).ravel()
+
+
 def overlay_frame(
     matrix: np.ndarray,
     *,
@@ -203,13 +228,10 @@ def overlay_frame(
     col_labels = list(range(cols)) if col_labels is None else list(col_labels)
     by_row, by_col = overlay_bins(rows, cols, max_cells)
     n_r, n_c = math.ceil(rows / by_row), math.ceil(cols / by_col)
-    padded = np.full((n_r * by_row, n_c * by_col), np.nan)
-    padded[:rows, :cols] = matrix
-    blocks = padded.reshape(n_r, by_row, n_c, by_col).transpose(0, 2, 1, 3).reshape(n_r, n_c, -1)
+    blocks = _blocks(matrix, by_row, by_col)
     finite = np.isfinite(blocks)
     count = finite.sum(-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(count > 0, np.where(finite, blocks, 0.0).sum(-1) / np.maximum(count, 1), np.nan)
+    mean = _finite_mean(blocks)
     low = np.where(count > 0, np.where(finite, blocks, np.inf).min(-1), np.nan)
     high = np.where(count > 0, np.where(finite, blocks, -np.inf).max(-1), np.nan)
     r0 = np.arange(n_r) * by_row
@@ -336,7 +358,7 @@ def raster_layers(
     )
     shade = "mean" if hover is None else "shade"
     if hover is not None:
-        bins["shade"] = overlay_frame(matrix, max_cells=max_cells)["mean"]
+        bins["shade"] = binned_mean(matrix, max_cells)  # the colour's bins: not labelled or listed again
     single = bool((bins["cells"] <= 1).all()) and len(bins) == rows * cols
     # the tooltip's text made here, each range one field ("84–89", "0.01 – 0.3"), not per bin by the
     # browser: Vega builds each of thousands of tooltips, a conditional and a d3-format call per field,
