@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what type checkers see; at run time `__getattr__` imports each name on first use
     from moeviz.capture import capture
     from moeviz.errors import MoevizError
-    from moeviz.models.loading import LoadedModel, list_samples, load_model
+    from moeviz.models.loading import LoadedModel, load_model
+    from moeviz.models.sources import list_samples
     from moeviz.trace import LayerRouting, ModelInfo, Trace
 
 __all__ = [
@@ -40,7 +41,7 @@ _HOMES = {  # public name -> the module that defines it
     "MoevizError": "moeviz.errors",
     "Trace": "moeviz.trace",
     "capture": "moeviz.capture",
-    "list_samples": "moeviz.models.loading",
+    "list_samples": "moeviz.models.sources",
     "load_model": "moeviz.models.loading",
 }
 

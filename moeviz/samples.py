@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from moeviz.errors import InputError
-from moeviz.models.loading import LoadedModel, sample_models_dir
+from moeviz.models.sources import sample_models_dir
+
+if TYPE_CHECKING:  # no torch at import: the app names the domains before it loads torch
+    from moeviz.models.loading import LoadedModel
 
 DOMAINS = ("english", "python", "bible_en", "bible_es", "data")
 

@@ -25,6 +25,8 @@ SETTINGS_HELP = {
     "the machine's, at most 4)",
     "MOEVIZ_RASTER_ABOVE": "heatmaps with more cells are drawn as one image (default 4000)",
     "MOEVIZ_VLLM_PYTHON": "the python of the vLLM environment live captures run in (default: .venv-vllm)",
+    "MOEVIZ_CACHE_DIR": "where the app keeps the example prompt's routing between servers (default: "
+    "$XDG_CACHE_HOME/moeviz, else ~/.cache/moeviz); set but empty = kept nowhere",
 }
 
 
@@ -48,6 +50,7 @@ class Settings:
     vllm_python: Path | None = None  # None: the checkout's .venv-vllm (moeviz.engines.vllm)
     lab_memory_gib: float | None = None  # None: unset (moeviz.lab.budget's default)
     raster_above: int | None = None  # None: unset (moeviz.charts.raster's default)
+    cache_dir: Path | None = None  # None: nothing kept on disk (`MOEVIZ_CACHE_DIR` set but empty)
 
 
 def current_settings() -> Settings:
@@ -67,7 +70,15 @@ def current_settings() -> Settings:
         vllm_python=Path(vllm_python).expanduser() if vllm_python else None,
         lab_memory_gib=_gibibytes("MOEVIZ_LAB_MEMORY_GIB", env.get("MOEVIZ_LAB_MEMORY_GIB", "")),
         raster_above=_whole_number("MOEVIZ_RASTER_ABOVE", env.get("MOEVIZ_RASTER_ABOVE", ""), "cells"),
+        cache_dir=_cache_dir(env.get("MOEVIZ_CACHE_DIR"), env.get("XDG_CACHE_HOME", "").strip()),
     )
+
+
+def _cache_dir(raw: str | None, xdg_cache: str) -> Path | None:
+    """`MOEVIZ_CACHE_DIR` (None when set but blank: keep nothing), else the XDG cache folder's moeviz/."""
+    if raw is not None:
+        return Path(raw.strip()).expanduser() if raw.strip() else None
+    return (Path(xdg_cache).expanduser() if xdg_cache else Path.home() / ".cache") / "moeviz"
 
 
 def _whole_number(name: str, raw: str, what: str) -> int | None:

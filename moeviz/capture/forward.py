@@ -33,6 +33,11 @@ from moeviz.models.memory import refuse_if_input_too_large
 from moeviz.models.sites import MoESite
 from moeviz.scoring import ScoreFn, scores_from_logits
 from moeviz.trace import TOKEN_COLUMNS, LayerRouting, LazyTokens, ModelInfo, Trace
+from moeviz.trace.finite import (  # noqa: F401  (re-exported: capture's warning, by its old home)
+    non_finite_layers,
+    non_finite_warning,
+    routing_warning,
+)
 
 # A generous upper bound on the mean characters per token, to refuse a text too long for the context by
 # its size alone, before tokenising it. Tokenizers average ~3–5 characters per token on prose and code;
@@ -136,28 +141,6 @@ def capture(
             model, attn_recorder, info.num_layers, offsets, stream.valid.sum(axis=1)
         )
     return Trace(model=info, tokens=tokens, layers=layers, attention=attention_capture)
-
-
-def non_finite_layers(layers: Sequence[LayerRouting]) -> list[str]:
-    """`layer L (site)` of each layer whose router logits hold a NaN or an infinity (its scores, computed
-    from them, then do too)."""
-    return [f"layer {layer.layer} ({layer.site})" for layer in layers if not np.isfinite(layer.logits).all()]
-
-
-def routing_warning(layers: Sequence[LayerRouting]) -> str | None:
-    """The warning `capture` gives (as a `RoutingWarning`) for router scores that are not finite, naming the
-    layers; None when every layer's are."""
-    return non_finite_warning(non_finite_layers(layers))
-
-
-def non_finite_warning(bad: Sequence[str]) -> str | None:
-    """`routing_warning`'s text for the layers named in `bad` (`layer L (site)`); None when empty."""
-    if not bad:
-        return None
-    return (
-        f"router scores are not finite (NaN or infinite) in {', '.join(bad)}: the experts chosen there "
-        "mean nothing; check the checkpoint's router weights (and the dtype it was loaded at)"
-    )
 
 
 # ---- input ----------------------------------------------------------------------------------------------

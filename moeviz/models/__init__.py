@@ -10,8 +10,9 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers see; at run time `__getattr__` imports each name on first use
-    from moeviz.models.loading import LoadedModel, list_samples, load_model
+    from moeviz.models.loading import LoadedModel, load_model
     from moeviz.models.sites import SUPPORTED_FAMILIES, MoESite, find_moe_sites
+    from moeviz.models.sources import list_samples
 
 __all__ = ["SUPPORTED_FAMILIES", "LoadedModel", "MoESite", "find_moe_sites", "list_samples", "load_model"]
 _HOMES = {  # public name -> the module that defines it
@@ -19,7 +20,7 @@ _HOMES = {  # public name -> the module that defines it
     "MoESite": "moeviz.models.sites",
     "find_moe_sites": "moeviz.models.sites",
     "LoadedModel": "moeviz.models.loading",
-    "list_samples": "moeviz.models.loading",
+    "list_samples": "moeviz.models.sources",
     "load_model": "moeviz.models.loading",
 }
 

@@ -26,11 +26,9 @@ from moeviz.errors import (
     CorruptWeightsError,
     InputError,
     LoadOptionError,
-    ModelNotFoundError,
     ModelSourceError,
     NotAModelFolderError,
     NotMoEModelError,
-    UnknownSampleError,
     UnsupportedModelError,
 )
 from moeviz.models.adapters import CheckedAdapter, check_adapter, merge_adapter
@@ -59,15 +57,18 @@ from moeviz.models.quantization import RUNS_QUANTISED, check_quantization
 from moeviz.models.safetensors_check import check_stored_dtypes
 from moeviz.models.safetensors_headers import stored_bytes
 from moeviz.models.sites import MoESite, find_moe_sites, pass_layers
-from moeviz.resources import bundled_path
-from moeviz.settings import current_settings
+from moeviz.models.sources import (  # noqa: F401  (re-exported: moeviz.models.loading's public names)
+    DEFAULT_SAMPLE,
+    SAMPLE_PREFIX,
+    list_samples,
+    resolve_source,
+    sample_models_dir,
+)
 from moeviz.trace import ModelInfo
 
-SAMPLE_PREFIX = "sample:"
 # transformers sets torch's process-wide default dtype while it builds a model and puts it back afterwards:
 # two loads at different dtypes on two threads (app sessions) would leave the wrong default behind.
 MODEL_BUILD_LOCK = threading.Lock()
-DEFAULT_SAMPLE = "sample:mixtral-healthy"  # the app's and the docs' default model
 # How a model's fused experts module computes (transformers 5's `experts_implementation`): "auto" leaves the
 # choice to transformers (its `grouped_mm` kernel where the family's experts support it, else the per-expert
 # loop), "eager" is the per-expert loop, "grouped_mm" / "batched_mm" its grouped and batched kernels.
@@ -79,22 +80,6 @@ _TOKENIZER_FILES = (
     "tokenizer.model",
     "spiece.model",
 )
-
-
-def sample_models_dir() -> Path:
-    """Where bundled sample models live: `MOEVIZ_SAMPLE_MODELS` if set, else the installed (or checkout's)
-    sample_models/."""
-    return current_settings().sample_models or bundled_path("sample_models")
-
-
-def list_samples() -> list[str]:
-    """Sample model names: folders under sample_models/ with a config.json, and the checkpoints of a
-    series one level down (`SERIES/STEP`)."""
-    root = sample_models_dir()
-    if not root.is_dir():
-        return []
-    configs = list(root.glob("*/config.json")) + list(root.glob("*/*/config.json"))
-    return sorted(path.parent.relative_to(root).as_posix() for path in configs)
 
 
 @dataclass
@@ -177,33 +162,6 @@ def decode_each(tokenizer, cache: dict[int, str], ids: list[int]) -> list[str]:
             )
         cache.update(zip(missing, texts, strict=True))  # dict updates are atomic under the GIL
     return [cache[i] for i in ids]
-
-
-def resolve_source(source: str | Path) -> Path:
-    """Map `sample:NAME` or a path to a model folder, with a specific error for each way it can fail."""
-    text = str(source)
-    if text.startswith(SAMPLE_PREFIX):
-        name = text[len(SAMPLE_PREFIX) :]
-        available = list_samples()
-        if name not in available:
-            listing = ", ".join(available) or "none are installed"
-            raise UnknownSampleError(f"unknown sample model {name!r}; available samples: {listing}")
-        return sample_models_dir() / name
-    folder = Path(text).expanduser()
-    if not folder.exists():
-        raise ModelNotFoundError(
-            f"model folder {folder} does not exist (models load from local folders only)"
-        )
-    if not folder.is_dir():
-        raise NotAModelFolderError(
-            f"{folder} is a file; give the folder that holds config.json and the weights"
-        )
-    config = folder / "config.json"
-    if config.exists() and not config.is_file():  # follows links: a link to a FIFO is not a regular file
-        raise NotAModelFolderError(f"{config} is not a regular file (a FIFO, device or folder): not read")
-    if not config.is_file():
-        raise NotAModelFolderError(f"{folder} is not a Hugging Face model folder: it has no config.json")
-    return folder
 
 
 @dataclass
