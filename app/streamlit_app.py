@@ -1,21 +1,24 @@
-"""moeviz app entry point: `streamlit run app/streamlit_app.py`."""
+"""moeviz app's pages and navigation: what app/serve.py serves (`moeviz app`); `streamlit run
+app/streamlit_app.py` runs it alone."""
 
-import importlib
 import os
-import sys
 
 import streamlit as st
-from components import presentation
+from components import preload
+
+preload.wait()  # the server's import of what every page imports (app/serve.py), if it started one
+from components import presentation, warmup  # noqa: E402 — after the preload, not beside it
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the app never downloads (importing moeviz sets nothing)
 
 # Material icons: they come with Streamlit (emoji need an emoji font, which servers and kiosks often lack)
 st.set_page_config(page_title="moeviz", page_icon=":material/biotech:", layout="wide")
 
+routing = st.Page("pages/routing.py", title="Routing", icon=":material/alt_route:", default=True)
 page = st.navigation(
     {
         "Explore": [
-            st.Page("pages/routing.py", title="Routing", icon=":material/alt_route:", default=True),
+            routing,
             st.Page("pages/load.py", title="Load & collapse", icon=":material/balance:"),
             st.Page("pages/structure.py", title="Structure", icon=":material/hub:"),
             st.Page("pages/attention.py", title="Attention", icon=":material/visibility:"),
@@ -39,20 +42,20 @@ page = st.navigation(
 # scrolls sideways inside the column instead of spilling over the page's edge.
 st.html("<style>.stVegaLiteChart, [data-testid='stVegaLiteChart'] { overflow-x: auto; }</style>")
 presentation.setup()  # the sidebar's "Projector layout" and "Large font" toggles, and their CSS
-# transformers is fully imported before any page runs. Streamlit's fast reruns start a new script thread
-# (another page, after a click) while the old one still runs, and `transformers` swaps itself for a lazy
-# module in sys.modules during its first import: a page doing `from transformers import X` then is handed
-# the half-built module and fails ("cannot import name X"). importlib waits for the import and returns the
-# finished module (the first session's first run pays the import, which its page needs anyway).
-# Every page also imports torch, pandas and Altair before drawing anything: on the server's first run these
-# imports take seconds, so the page's name and a spinner are drawn first instead of a blank page.
-LIBRARIES_EVERY_PAGE_IMPORTS = ("transformers", "torch", "pandas", "altair")
-if any(library not in sys.modules for library in LIBRARIES_EVERY_PAGE_IMPORTS):
+# torch and transformers are imported once per server, on a thread of their own (`warmup`: a page that
+# imported transformers while another script thread did could be handed its half-built module). The first
+# page runs before that import, which would take most of its time: Routing draws the example prompt's
+# routing from disk (`moeviz.trace.kept`) and waits for the import only where it needs the model
+# (`caches.get_model`); every other page waits here, with its name and a spinner drawn meanwhile. The
+# import starts once the first page has run, so that it does not slow that page down.
+if not warmup.done() and page is not routing:
     starting = st.empty()
     with starting.container():
         st.title(page.title)
         with st.spinner("Starting moeviz: loading torch and transformers (once per server)…", show_time=True):
-            for library in LIBRARIES_EVERY_PAGE_IMPORTS:
-                importlib.import_module(library)
+            warmup.wait()
     starting.empty()
-page.run()
+try:
+    page.run()
+finally:
+    warmup.start(background=True)

@@ -1,6 +1,6 @@
 """App latency in the real browser: `python benchmarks/bench_app.py` prints the figures.
 
-Starts `streamlit run app/streamlit_app.py` on the default sample (mixtral-healthy) and drives it with
+Starts `streamlit run app/serve.py` on the default sample (mixtral-healthy) and drives it with
 Playwright in headless Debian Chromium (the flags of tests/browser/test_app_browser.py). Measured, each from
 the user's input (the timestamp of the first pointer or key press the action dispatches in the page, not
 Playwright's own checks before it) to the first animation frame in which the browser has drawn the result:
@@ -36,6 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the launcher liv
 from tests.support.server import CHROMIUM, CHROMIUM_ARGS, running_app
 
 MODEL = "sample:mixtral-healthy"
+# nothing kept between servers (`moeviz.trace.kept`): each server loads the model; bench_startup measures
+# the first page with the example kept
+os.environ["MOEVIZ_CACHE_DIR"] = ""
 TIMEOUT_MS = 300_000  # the 32k-token forward alone takes about a minute here
 REPEATS = 3
 HEATMAP_CELLS = '.st-key-heatmap [aria-roledescription="rect mark"]'

@@ -2,7 +2,7 @@
 
 A random DeepSeek-V3-shaped model (256 routed experts, top-8 within the best 4 of 8 groups, 61 blocks of
 which 58 MoE, narrow widths; tests/support/scale_models.py) is saved to a temporary folder and opened by
-`streamlit run app/streamlit_app.py`, driven by Playwright in headless Debian Chromium (as bench_app.py).
+`streamlit run app/serve.py`, driven by Playwright in headless Debian Chromium (as bench_app.py).
 Measured, each from the user's action to the frame in which the browser has drawn the result:
 
 1. submit a new 1,000-token prompt → heatmap rendered, the model's forward included (a fresh prompt each
@@ -76,6 +76,10 @@ from benchmarks.bench_app import (
 from benchmarks.record import Figure, record
 from tests.support.scale_models import save_scale_model
 from tests.support.server import CHROMIUM, CHROMIUM_ARGS, running_app
+
+# nothing kept between servers (`moeviz.trace.kept`): each server loads the model; bench_startup measures
+# the first page with the example kept
+os.environ["MOEVIZ_CACHE_DIR"] = ""
 
 TOKENS = 1000
 QUIET_MS = 400  # after the result is drawn: the page must stay unchanged this long before the CPU is read

@@ -2,7 +2,7 @@
 figures and records them (`benchmarks/results/bench_attention_page.json`).
 
 A random DeepSeek-V3-shaped model (61 blocks, every one with softmax (MLA) attention, 2 heads, narrow
-widths; tests/support/scale_models.py) is opened by `streamlit run app/streamlit_app.py` and driven by
+widths; tests/support/scale_models.py) is opened by `streamlit run app/serve.py` and driven by
 Playwright in headless Debian Chromium, as bench_app_scale.py does. Each repetition submits a new
 1,000-token prompt on the Routing page (the capture, attention included, is then in the server's cache: not
 timed) and then opens the Attention page from the menu. Measured from that click, in the browser's clock,

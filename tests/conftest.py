@@ -25,6 +25,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # models here are tiny, and torch's intra-op pool spins on the cores it may use, so on a 2-core machine a
 # second thread (worse: one per core in each of `-n 2`'s workers) made the models tier ~3× slower.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Nothing kept on disk between tests (`moeviz.trace.kept`): a test that captures the example prompt would
+# otherwise find the routing an earlier test (or the developer's app) kept, and skip the capture it tests.
+# The tests of keeping set their own folder.
+os.environ["MOEVIZ_CACHE_DIR"] = ""
 
 REPO = Path(__file__).resolve().parents[1]
 TIERS = ("unit", "models", "app", "browser", "system")

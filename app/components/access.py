@@ -9,7 +9,7 @@ from typing import Literal
 
 import moeviz
 from moeviz.errors import ModelSourceError
-from moeviz.models.loading import DEFAULT_SAMPLE, SAMPLE_PREFIX
+from moeviz.models.sources import DEFAULT_SAMPLE, SAMPLE_PREFIX
 from moeviz.settings import current_settings
 
 LOCAL_FOLDER = "Local folder…"

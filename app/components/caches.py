@@ -1,6 +1,9 @@
 """The server-wide caches: one loaded model per model key, the captures per (model key, text), each
 session's trace copies and the Routing page's frames; and loading them with a progress bar.
 
+The example prompt's routing is also kept on disk per model key (`moeviz.trace.kept`): a new server shows it
+without loading torch or the model (the first page), which load when a view needs them.
+
 A model key is the source plus its load options (`load_options`: dtype, device, device map), so loads at
 two dtypes never share a model or a capture. One loaded model per key is kept for the whole server process
 and shared by every session (`models`); captured traces are cached per (model key, text) (`TraceCache`)
@@ -12,19 +15,22 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
 import moeviz
-from components import access, load_options
+from components import access, load_options, prompt, warmup
 from components.errors import stop_on_error
 from components.routing_frames import RoutingFrames, ScaleFrames, frames_for
 from components.trace_cache import SharedResults, TraceCache
 from moeviz.analysis.null import load_confidence
 from moeviz.attention import AttentionCapture
-from moeviz.capture.forward import routing_warning
+from moeviz.models.sources import resolve_source
 from moeviz.samples import DOMAINS, eval_batch
+from moeviz.trace.finite import routing_warning
+from moeviz.trace.kept import keep_trace, kept_trace, trace_key
 
 
 def load_for_key(key: str, progress: Callable[[int, int], None] | None = None) -> moeviz.LoadedModel:
@@ -54,6 +60,9 @@ def get_model(key: str) -> moeviz.LoadedModel:
         else:
             bar.progress(fraction, text=text)
 
+    if not warmup.done():
+        with st.spinner("Starting moeviz: loading torch and transformers (once per server)…", show_time=True):
+            warmup.wait()
     cache = models()
     try:
         if key in cache.cached_keys():
@@ -77,11 +86,40 @@ def captured(source: str, text: str, progress: Callable[[int, int], None] | None
     return captures().get(source, text, progress)
 
 
+def example_key(source: str, text: str) -> str | None:
+    """The disk key of the routing of `text` by the model key `source` (`moeviz.trace.kept.trace_key`) when
+    `text` is the example prompt; None for any other text (only the example is kept: the first page's)."""
+    if text != prompt.EXAMPLE_PROMPT:
+        return None
+    model_source, _ = load_options.split_key(source)
+    return trace_key(resolve_source(access.check_source(model_source)), text, options=source)
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def kept_example(source: str, text: str) -> moeviz.Trace | None:
+    """The routing of `text` by the model key `source` kept on disk (`example_key`), or None; looked up once
+    per server (a capture made later is the same routing, and the caches keep it)."""
+    key = example_key(source, text)
+    return None if key is None else kept_trace(key)
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def keep_example(source: str, text: str) -> Path | None:
+    """Keep the routing of `text` just captured on disk when it is the example prompt's (once per server
+    and key); the file, or None."""
+    key = example_key(source, text)
+    if key is None:
+        return None
+    return keep_trace(key, dataclasses.replace(captured(source, text), attention=None))
+
+
 @st.cache_data(show_spinner=False, max_entries=64)
 def get_trace(source: str, text: str) -> moeviz.Trace:
     """Routing of `text` through the model at `source` (cached per model and text; each session gets
-    its own copy). Attention is left out here: see `get_attention`."""
-    return dataclasses.replace(captured(source, text), attention=None)
+    its own copy): the kept example (`kept_example`) or a capture. Attention is left out here: see
+    `get_attention`."""
+    kept = kept_example(source, text)
+    return kept if kept is not None else dataclasses.replace(captured(source, text), attention=None)
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
@@ -119,17 +157,20 @@ def get_attention(source: str, text: str) -> AttentionCapture | None:
 
 
 def load_or_stop(source: str, text: str) -> moeviz.Trace:
-    """Load and capture, showing a library error as a message (never a traceback) and stopping the page."""
+    """The routing of `text`: the kept example (`kept_example`), or load and capture (keeping the example),
+    showing a library error as a message (never a traceback) and stopping the page."""
     with stop_on_error():
-        get_model(source)
-        bar = st.empty()
+        if kept_example(source, text) is None:
+            get_model(source)
+            bar = st.empty()
 
-        def progress(done: int, total: int) -> None:
-            text = f"Routing the prompt through the model: MoE layer {done} of {total}…"
-            bar.progress(done / total, text=text)
+            def progress(done: int, total: int) -> None:
+                text = f"Routing the prompt through the model: MoE layer {done} of {total}…"
+                bar.progress(done / total, text=text)
 
-        captured(source, text, progress)
-        bar.empty()
+            captured(source, text, progress)
+            bar.empty()
+            keep_example(source, text)
         trace = get_trace(source, text)
     warn_if_implausible(trace, trace_warning(source, text, trace))
     return trace

@@ -13,9 +13,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import torch
-
-from components import access
+from components import access, warmup
 from moeviz.errors import LoadOptionError
 
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
@@ -25,14 +23,9 @@ _SIZE = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B|B)?$", re.IGNORECASE)
 
 
 def devices() -> list[str]:
-    """The device choices: auto and the devices torch reports available here."""
-    found = ["auto", "cpu"]
-    if torch.cuda.is_available():
-        found.append("cuda")
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        found.append("mps")
-    return found
+    """The device choices: auto, the CPU and the devices torch reports available here — once torch is
+    imported (`warmup`): the first page is drawn before, with auto and the CPU alone."""
+    return ["auto", "cpu", *warmup.accelerators()]
 
 
 @dataclass(frozen=True)

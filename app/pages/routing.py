@@ -3,7 +3,7 @@ token in detail."""
 
 import altair as alt
 import streamlit as st
-from components import caches, expert_axis, exports, page_input, pickers, share, widgets
+from components import caches, expert_axis, exports, page_input, pickers, share, warmup, widgets
 from components.routing_frames import ChartMemo, band_text, layer_line
 from components.scale import at_scale, trace_at_scale
 
@@ -36,6 +36,7 @@ MAX_TOKENS = 200  # tokens per heatmap window
 MAX_KEYS = 200  # keys shown of a token's attention row
 SCALE_TOKENS = 64  # tokens per heatmap window over 20 experts (× the top-N experts: the browser draws each)
 SCALE_BINS = 50  # bins of the whole-input overview over 20 experts
+WAITING_FOR_TORCH = "Loading torch and transformers to recompute this token's attention (once per server)…"
 
 st.title("Routing")
 source = pickers.model_picker()
@@ -340,10 +341,17 @@ def token_charts(seq: int, pos: int, label: str):
     )
 
 
+# In parallel with the rest of the page: on a new server's first page, drawn before torch is imported, the
+# row waits for the import (it recomputes attention from the model's forward), which starts once the main
+# script's run is done (app/streamlit_app.py), while the views below the row are drawn.
+@st.fragment(parallel=True)
 def attention_row(layer: int, seq: int, pos: int) -> None:
     if chosen.from_file:  # attention is captured from the model's forward, which a routing file has not
         return
     st.markdown("**Its attention row**")
+    if not warmup.done():
+        with st.spinner(WAITING_FOR_TORCH):
+            warmup.wait(start_now=False)  # started once the page's other views are drawn
     att = caches.get_attention(*chosen.key)
     if att is None or not att.map_layers:
         st.info("This model has no softmax attention map for this token.", icon=":material/info:")

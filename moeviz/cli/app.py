@@ -31,8 +31,9 @@ def add_parser(commands: Any) -> None:
 
 
 def run_app(streamlit_args: Sequence[str]) -> int:
-    """Replace this process with `streamlit run <app>/streamlit_app.py ...` (Streamlit's env config applies);
-    the app is the checkout's app/ or, installed from a wheel, the copy inside the package."""
+    """Replace this process with `streamlit run <app>/serve.py ...` (Streamlit's env config applies): the
+    pages of streamlit_app.py, served with what every page imports loaded as the server starts; the app is
+    the checkout's app/ or, installed from a wheel, the copy inside the package."""
     from moeviz.resources import bundled_path
     from moeviz.settings import current_settings
 
@@ -40,7 +41,7 @@ def run_app(streamlit_args: Sequence[str]) -> int:
     extra = list(streamlit_args)
     if extra and extra[0] == "--":
         extra = extra[1:]
-    script = bundled_path("app") / "streamlit_app.py"
+    script = bundled_path("app") / "serve.py"
     argv = [sys.executable, "-m", "streamlit", "run", str(script), *APP_FLAGS, *extra]
     os.execv(sys.executable, argv)
     return 0  # not reached

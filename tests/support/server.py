@@ -43,14 +43,14 @@ def free_port() -> int:
 
 @contextmanager
 def running_app(model: str, start_timeout_s: float = 90) -> Iterator[str]:
-    """`streamlit run app/streamlit_app.py` on a free local port with `model` as the default; yields its
-    URL once healthy and always stops the server."""
+    """`streamlit run app/serve.py` (what `moeviz app` runs) on a free local port with `model` as the
+    default; yields its URL once healthy and always stops the server."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MOEVIZ_DEFAULT_MODEL": model}
     env.pop("MOEVIZ_MODEL_DIRS", None)
     command = [
-        *(sys.executable, "-m", "streamlit", "run", "app/streamlit_app.py"),
+        *(sys.executable, "-m", "streamlit", "run", "app/serve.py"),
         *("--server.headless", "true", "--server.port", str(port), "--server.address", "127.0.0.1"),
         *("--server.fileWatcherType", "none", "--browser.gatherUsageStats", "false", *APP_FLAGS),
     ]

@@ -80,7 +80,8 @@ def test_wheel_ships_the_app_the_samples_and_the_docs_the_app_reads(tmp_path):
         return {f"moeviz/{inside}/{p.relative_to(REPO / folder).as_posix()}" for p in files}
 
     app, samples = shipped("app", "_app"), shipped("sample_models", "_sample_models")
-    assert "moeviz/_app/streamlit_app.py" in app and any("/_app/pages/" in n for n in app)
+    assert {"moeviz/_app/streamlit_app.py", "moeviz/_app/serve.py"} <= app
+    assert any("/_app/pages/" in n for n in app)
     assert "moeviz/_sample_models/mixtral-healthy/model.safetensors" in samples
     assert "moeviz/_sample_models/mixtral-healthy/tokenizer.json" in samples
     assert app | samples <= names, sorted((app | samples) - names)[:10]

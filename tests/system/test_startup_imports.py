@@ -117,8 +117,8 @@ def test_report_imports_torch_once_and_starts_no_process():
 
 
 def test_the_app_draws_the_page_title_before_importing_torch():
-    """The app's first run with torch made unimportable: what it drew before the import failed includes the
-    page's title (a page's own imports need torch, so without the early title it drew none)."""
+    """The app's first run with torch made unimportable and nothing kept on disk: what it drew before the
+    import failed (where the page needs the model) includes the page's title."""
     code = (
         "import sys\n"
         "class NoTorch:\n"

@@ -77,14 +77,14 @@ def test_bad_ray_and_device_map_flags_exit_2(tmp_path, capsys, monkeypatch):
 
 
 def test_app_passes_arguments_to_streamlit(monkeypatch):
-    """`moeviz app ARGS` becomes `python -m streamlit run app/streamlit_app.py APP_FLAGS ARGS` (execv
+    """`moeviz app ARGS` becomes `python -m streamlit run app/serve.py APP_FLAGS ARGS` (execv
     isolated; the user's flags come last, so they win)."""
     seen = {}
     monkeypatch.setattr(os, "execv", lambda path, argv: seen.update(path=path, argv=argv))
     cli.main(["app", "--server.port", "8765", "--server.headless", "true"])
     assert seen["path"] == sys.executable and seen["argv"][0] == sys.executable
     assert seen["argv"][1:4] == ["-m", "streamlit", "run"]
-    assert seen["argv"][4].endswith("app/streamlit_app.py") and os.path.isfile(seen["argv"][4])
+    assert seen["argv"][4].endswith("app/serve.py") and os.path.isfile(seen["argv"][4])
     assert seen["argv"][5:] == [*cli.APP_FLAGS, "--server.port", "8765", "--server.headless", "true"]
 
 
