@@ -79,7 +79,8 @@ def _folder() -> Path | None:
 
 
 def kept_trace(key: str) -> Trace | None:
-    """The trace kept under `key`, or None (none kept, keeping turned off, or a damaged file, removed)."""
+    """The trace kept under `key`, or None (none kept, keeping turned off, an unreadable file, or a damaged
+    one, removed)."""
     folder = _folder()
     path = None if folder is None else folder / f"{key}.parquet"
     if path is None or not path.is_file():
@@ -88,6 +89,8 @@ def kept_trace(key: str) -> Trace | None:
         return Trace.from_parquet(path)
     except TraceFormatError:
         path.unlink(missing_ok=True)
+        return None
+    except OSError:  # unreadable (permissions, a disk error): as if nothing were kept, like a write
         return None
 
 
