@@ -4,10 +4,7 @@ app/streamlit_app.py` runs it alone."""
 import os
 
 import streamlit as st
-from components import preload
-
-preload.wait()  # the server's import of what every page imports (app/serve.py), if it started one
-from components import presentation, warmup  # noqa: E402 — after the preload, not beside it
+from components import presentation, warmup
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the app never downloads (importing moeviz sets nothing)
 

@@ -7,7 +7,7 @@ from `moeviz`. One module per concern:
   Streamlit.
 - `routing_frames`: the frames the Routing page slices, built once per trace (per layer over 20 experts); no
   Streamlit.
-- `preload`: what every page imports, loaded as the server starts (app/serve.py); no Streamlit.
+- `preload`: what every page imports, imported before the server answers (app/serve.py); no Streamlit.
 - `warmup`: the server's one import of torch and transformers, in the background; no Streamlit.
 - `scale`: when the app switches to its views at scale (over 20 experts); no Streamlit.
 - `docs`: the sections of the project's docs the app shows; no Streamlit.

@@ -16,17 +16,24 @@ import os
 import threading
 
 LIBRARIES = ("torch", "transformers")
+# A background start waits this long first: the first page's browser is still drawing what the page's run
+# sent (~1 s on 2 shared cores), and the import beside it, even at the lowest priority, drew it ~0.5 s later
+# (it holds the GIL the server needs to send the browser Streamlit's scripts, and takes the second core).
+BACKGROUND_DELAY_S = 2.0
 
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
 _finished = threading.Event()
 _failure: list[BaseException] = []  # the import's error, raised to every waiter
 _accelerators: list[str] = []
+_wanted = threading.Event()  # someone waits for the import: no delay, no lowered priority
 
 
 def _import_all(background: bool) -> None:
-    if background:
+    if background and not _wanted.wait(BACKGROUND_DELAY_S):
         _lowest_priority()
+        if _wanted.is_set():  # asked for between the wait and the lowering: `start` may have missed it
+            _set_nice(threading.get_native_id(), 0)
     try:
         for library in LIBRARIES:
             importlib.import_module(library)
@@ -46,15 +53,25 @@ def _import_all(background: bool) -> None:
 def _lowest_priority() -> None:
     """This thread at the lowest CPU priority (Linux: a thread's own nice value): the import must not slow
     what a user waits for meanwhile (a browser drawing the first page on the same cores)."""
-    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not allowed: the usual priority
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    _set_nice(threading.get_native_id(), 19)
+
+
+def _set_nice(thread_id: int | None, nice: int) -> None:
+    with contextlib.suppress(AttributeError, OSError, TypeError):  # not Linux, or not allowed: left as is
+        os.setpriority(os.PRIO_PROCESS, thread_id, nice)
 
 
 def start(*, background: bool = False) -> None:
-    """Start the import (once per process; later calls return at once); `background`: at the lowest CPU
-    priority, as nobody waits for it yet (a page's run has just ended: its browser is drawing it)."""
+    """Start the import (once per process; later calls return at once). `background`: nobody waits for it
+    yet (a page's run has just ended: its browser is drawing it), so it begins `BACKGROUND_DELAY_S` later
+    at the lowest CPU priority; a later call without it (someone waits) begins it at once, and gives it
+    back the usual priority where the system allows (raising a priority needs privileges on Linux)."""
     global _thread
     with _lock:
+        if not background and not _wanted.is_set():
+            _wanted.set()
+            if _thread is not None:
+                _set_nice(_thread.native_id, 0)
         if _thread is None:
             _thread = threading.Thread(target=_import_all, args=(background,), name="moeviz-warmup")
             _thread.daemon = True
@@ -68,8 +85,8 @@ def done() -> bool:
 
 def wait(*, start_now: bool = True) -> None:
     """Return once the import is finished (starting it now, unless `start_now` is False: the first page's
-    attention row waits for the start at the end of the page's run, app/streamlit_app.py); its error, if
-    it failed."""
+    attention row waits for the background start at the end of the page's run, app/streamlit_app.py, so
+    as not to slow the views its browser is drawing); its error, if it failed."""
     if start_now:
         start()
     _finished.wait()

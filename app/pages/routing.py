@@ -36,6 +36,7 @@ MAX_TOKENS = 200  # tokens per heatmap window
 MAX_KEYS = 200  # keys shown of a token's attention row
 SCALE_TOKENS = 64  # tokens per heatmap window over 20 experts (× the top-N experts: the browser draws each)
 SCALE_BINS = 50  # bins of the whole-input overview over 20 experts
+CONFIDENCE_TABLE = "Its margins and confidence per layer, as a table"
 WAITING_FOR_TORCH = "Loading torch and transformers to recompute this token's attention (once per server)…"
 
 st.title("Routing")
@@ -299,8 +300,7 @@ def token_detail(site: str, layer: int, clicked: tuple[int, int] | None) -> None
             exports.show_chart(path_chart, "token_path")
             st.caption(path_caption())
             shown = path[["layer", "rank", "expert"]] if RANKED else path[["layer", "expert"]]
-            st.dataframe(shown, hide_index=True)
-            exports.table_downloads(path, "token_routing")
+            token_table(shown, path, "token_routing", "Its experts per layer, as a table")
             attention_row(layer, seq, pos)
             return
         mine_conf, scores_chart, margin_chart = token_charts(seq, pos, label)
@@ -314,9 +314,17 @@ def token_detail(site: str, layer: int, clicked: tuple[int, int] | None) -> None
         with c3:
             exports.show_chart(margin_chart, "token_margin")
             st.caption(expert_axis.margin_caption(trace.layer(layer, site)))
-        st.dataframe(mine_conf, hide_index=True)
-        exports.table_downloads(mine_conf, "token_confidence")
+        token_table(mine_conf, mine_conf, "token_confidence", CONFIDENCE_TABLE)
         attention_row(layer, seq, pos)
+
+
+def token_table(shown, downloaded, name: str, label: str) -> None:
+    """The token's rows `shown` as a table, with `downloaded` as CSV and Parquet files, in an expander built
+    only while open (the table's grid cost the first page's browser ~0.2 s and 1.2 MB of scripts)."""
+    with st.expander(label, icon=":material/table:", key=f"{name}_table", on_change="rerun") as box:
+        if box.open:
+            st.dataframe(shown, hide_index=True)
+            exports.table_downloads(downloaded, name)
 
 
 def path_caption() -> str:
@@ -563,8 +571,7 @@ def token_detail_at_scale() -> None:
         with c2:
             exports.show_chart(token_margin_chart(confidence), "token_margin")
             st.caption(expert_axis.margin_caption(trace.layer(layer, site)))
-        st.dataframe(confidence, hide_index=True)
-        exports.table_downloads(confidence, "token_confidence")
+        token_table(confidence, confidence, "token_confidence", CONFIDENCE_TABLE)
         attention_row(layer, seq, pos)
 
 

@@ -15,9 +15,12 @@ from typing import Any
 # and refuses a larger file itself, without a word. 2 lets through any file the prompt form may refuse with
 # its own message (over 1 MiB, `PROMPT_FILE_LIMIT` in app/components/prompt.py).
 # The app is a local tool: no usage statistics leave the machine, and the toolbar has no Deploy button.
+# No page writes by "magic" (a bare expression shown as st.write: tests/unit/test_cli_flags.py checks), and
+# its AST rewrite cost ~0.1 s of each page's first run on a new server.
 APP_FLAGS = (
     *("--runner.postScriptGC", "false", "--server.maxUploadSize", "2"),
     *("--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"),
+    *("--runner.magicEnabled", "false"),
 )
 
 

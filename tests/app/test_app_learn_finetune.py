@@ -15,7 +15,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from moeviz.models.loading import sample_models_dir
-from tests.support.app import APP, run_page
+from tests.support.app import APP, open_snippets, run_page
 from tests.support.learn import PAGE, _app_env, chart_rows  # noqa: F401  (_app_env: an autouse fixture)
 
 SHIPPED = sample_models_dir() / "finetune-modes"
@@ -137,7 +137,7 @@ def test_a_link_to_the_step_opens_it_and_its_snippet_reads_the_same_run() -> Non
     at.query_params.update({"step": "finetune"})
     at.switch_page(PAGE).run()
     assert not at.exception and at.session_state["learn_step"] == "finetune"
-    [code] = [c.value for c in at.code]
+    [code] = [c.value for c in open_snippets(at).code]
     names: dict = {}
     exec(compile(code, "<snippet>", "exec"), names)
     pd.testing.assert_frame_equal(names["curves"], pd.read_parquet(SHIPPED / "curves.parquet"))

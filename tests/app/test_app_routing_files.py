@@ -162,7 +162,10 @@ def test_routing_of_an_import_draws_the_dispatch_and_names_what_needs_scores(fil
     want = sorted((row, int(e)) for row, slots in enumerate(routing.experts) for e in slots if e >= 0)
     assert list(zip(dispatched["row"], dispatched["expert"], strict=True)) == want
     assert not [c for c in at.get("vega_lite_chart") if "Router scores" in c.proto.spec]
-    # the token drill-down: its experts, no scores
+    # the token drill-down: its experts, no scores; their table built once opened
+    assert not at.dataframe
+    at.session_state["token_routing_table"] = True
+    at.run()
     (path,) = [d.value for d in at.dataframe if list(d.value.columns) == ["layer", "rank", "expert"]]
     assert len(path) == len(files["captured"].layers) * routing.k
 

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.support.app import APP, app_test_env
+from tests.support.app import APP, app_test_env, open_snippets
 
 MODEL = "sample:mixtral-unbalanced"
 
@@ -29,7 +29,7 @@ def open_link(page: str, **params) -> AppTest:
 
 def reproduced(at: AppTest) -> dict:
     """Run the page's "Reproduce in Python" code as printed; → its names."""
-    [code] = [c.value for c in at.code]
+    [code] = [c.value for c in open_snippets(at).code]
     namespace: dict = {}
     exec(compile(code, "<snippet>", "exec"), namespace)
     return namespace

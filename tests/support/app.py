@@ -96,6 +96,18 @@ def run_page(page: str, timeout_s: float = 60, **state) -> AppTest:
     return at
 
 
+def open_snippets(at: AppTest) -> AppTest:
+    """`at` rerun with its page's "Reproduce in Python" expanders open (their code is built only while
+    open, `share.reproduce`); there must be one, closed, with no code on the page."""
+    keys = [key for key in at.session_state if key.startswith("reproduce_")]
+    assert keys and not at.code, (keys, len(at.code))
+    for key in keys:
+        at.session_state[key] = True
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
 def expected_cache_bytes(tokens: int, window: int | None = None, global_tokens: int = 0) -> int:
     """Bytes of the mixtral sample's KV cache at `tokens` tokens, by hand (the Attention page's what-if):
     Σ over layers of 2 (K and V) · kv heads · head dim · kept tokens · bytes per element, from config.json.

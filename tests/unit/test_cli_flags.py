@@ -4,8 +4,10 @@ behind `report --checkpoints` and `checkpoints`. With a model: tests/models/test
 
 from __future__ import annotations
 
+import ast
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,8 @@ from moeviz import cli
 from moeviz.models.loading import DEFAULT_SAMPLE as MODEL
 from moeviz.samples import eval_dir
 from tests.support.cli import no_load, run_cli
+
+APP_DIR = Path(__file__).resolve().parents[2] / "app"
 
 
 @pytest.mark.parametrize(
@@ -86,6 +90,35 @@ def test_app_passes_arguments_to_streamlit(monkeypatch):
     assert seen["argv"][1:4] == ["-m", "streamlit", "run"]
     assert seen["argv"][4].endswith("app/serve.py") and os.path.isfile(seen["argv"][4])
     assert seen["argv"][5:] == [*cli.APP_FLAGS, "--server.port", "8765", "--server.headless", "true"]
+
+
+def magic_expressions(script: Path) -> list[int]:
+    """Lines of `script` that Streamlit's magic would show with st.write: expression statements that are
+    neither calls, docstrings, yields nor awaits (streamlit/runtime/scriptrunner/magic.py)."""
+    tree = ast.parse(script.read_text(encoding="utf-8"))
+    lines = []
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            statements = getattr(node, field, None)  # a lambda's or an if-expression's body is one node
+            for i, statement in enumerate(statements if isinstance(statements, list) else []):
+                if not isinstance(statement, ast.Expr):
+                    continue
+                value = statement.value
+                docstring = i == 0 and isinstance(value, ast.Constant) and isinstance(value.value, str)
+                if not docstring and not isinstance(value, ast.Call | ast.Yield | ast.YieldFrom | ast.Await):
+                    lines.append(statement.lineno)
+    return lines
+
+
+def test_no_app_script_relies_on_magic_which_the_app_turns_off(tmp_path):
+    """`APP_FLAGS` turns Streamlit's magic off: a page's bare expression would silently show nothing."""
+    assert "--runner.magicEnabled" in cli.APP_FLAGS
+    assert cli.APP_FLAGS[cli.APP_FLAGS.index("--runner.magicEnabled") + 1] == "false"
+    scripts = [APP_DIR / "streamlit_app.py", APP_DIR / "serve.py", *sorted((APP_DIR / "pages").glob("*.py"))]
+    assert {script.name: magic_expressions(script) for script in scripts if magic_expressions(script)} == {}
+    shown = tmp_path / "shown.py"  # the check finds what magic would show
+    shown.write_text('"""Docstring."""\nimport streamlit as st\nx = 1\nx\n"text"\nst.write(x)\n')
+    assert magic_expressions(shown) == [4, 5]
 
 
 def test_version(capsys):
