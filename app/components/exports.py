@@ -82,13 +82,19 @@ def table_downloads(frame: pd.DataFrame, name: str) -> None:
         )
 
 
-def chart_file(chart: alt.TopLevelMixin, fmt: str) -> bytes:
-    """The chart as an SVG or PNG file (vl-convert, no browser). Any number of rows: Altair's default
-    refuses to serialise over 5,000 (a layer × expert heatmap of 61 layers × 256 experts has 15,616)."""
+def chart_file(chart: alt.TopLevelMixin, fmt: str, title_suffix: str = "") -> bytes:
+    """The chart as an SVG or PNG file (vl-convert, no browser), `title_suffix` appended to its title. Any
+    number of rows: Altair's default refuses to serialise over 5,000 (a layer × expert heatmap of 61
+    layers × 256 experts has 15,616)."""
     import vl_convert
 
     with alt.data_transformers.enable(max_rows=None):
         spec = type(chart).to_dict(chart, validate=False)  # light, whatever the page's theme
+    title = spec.get("title")
+    if title_suffix and isinstance(title, str):
+        spec["title"] = title + title_suffix
+    elif title_suffix and isinstance(title, dict) and isinstance(title.get("text"), str):
+        title["text"] += title_suffix
     if "facet" not in spec and "width" not in spec:
         spec["width"] = 900  # the app fits charts to the page; a file needs a width of its own
     if fmt == "svg":
@@ -184,10 +190,12 @@ def keep_labels(chart: alt.TopLevelMixin) -> alt.TopLevelMixin:
     return chart
 
 
-def show_chart(chart: alt.TopLevelMixin, key: str, *, select: bool = False):
+def show_chart(chart: alt.TopLevelMixin, key: str, *, select: bool = False, file_title_suffix: str = ""):
     """Render a chart in a container keyed `key`, with SVG and PNG downloads below it (built on click).
     With `select`, the page reruns on a selection and the selection event is returned. Every label of
-    its axes is kept (`keep_labels`)."""
+    its axes is kept (`keep_labels`). `file_title_suffix` is appended to the title of the saved files
+    only: what the page shows beside the chart (its layer), left out of the chart itself so that its spec
+    stays the same from layer to layer (the browser then swaps the data into the drawn chart)."""
     keep_labels(chart)
     for_the_page(chart)
     presentation.larger_fonts(chart)
@@ -204,7 +212,7 @@ def show_chart(chart: alt.TopLevelMixin, key: str, *, select: bool = False):
         for fmt, mime in (("svg", "image/svg+xml"), ("png", "image/png")):
             st.download_button(
                 fmt.upper(),
-                functools.partial(chart_file, chart, fmt),
+                functools.partial(chart_file, chart, fmt, file_title_suffix),
                 f"{key}.{fmt}",
                 mime,
                 on_click="ignore",

@@ -144,9 +144,10 @@ def ordered_views(site: str, layer: int, load, expert: int | None) -> expert_axi
                     "binned",
                     axis,
                     (site, layer, tuple(axis.shown), top_n),
-                    lambda: binned_view(scores, layer, axis),
+                    lambda: binned_view(scores, axis),
                 ),
                 "binned",
+                file_title_suffix=layer_in_file(layer),
             )
         if RANKED and not axis.at_scale:  # its colour is each token's top-1 expert (else `not_shown` says)
             token_strip(site, layer, axis)
@@ -174,20 +175,19 @@ def reproduce(site: str, layer: int, axis: expert_axis.ExpertAxis) -> None:
 ordered_fragment = st.fragment(ordered_views)
 
 
-def binned_view(scores, layer: int, axis: expert_axis.ExpertAxis) -> alt.TopLevelMixin:
+def binned_view(scores, axis: expert_axis.ExpertAxis) -> alt.TopLevelMixin:
     """The binned overview of the whole input, experts in `axis.shown`'s order."""
-    binned = binned_dispatch_heatmap(
-        scores, max_bins=BINS, title=titled("Dispatch over the whole input", layer, axis)
-    )
+    binned = binned_dispatch_heatmap(scores, max_bins=BINS, title="Dispatch over the whole input")
     if axis.at_scale:
         binned = steady_binned(binned, axis)
     return exports.many_marks(order_in_data(binned, axis.shown), BINS * len(axis.shown))
 
 
-def titled(title: str, layer: int, axis: expert_axis.ExpertAxis) -> str:
-    """A per-layer chart's title: with its layer up to 20 experts; at scale the title alone, so that the
-    chart's spec stays the same from layer to layer (the layer is on the slider and the line above)."""
-    return title if axis.at_scale else f"{title}, layer {layer}"
+def layer_in_file(layer: int) -> str:
+    """What a per-layer chart's saved files add to its title. The chart on the page names no layer (the
+    slider and the line above do): its spec then stays the same from layer to layer, and a layer switch
+    swaps the data into the drawn chart instead of building a new one (0.50 → 0.36 s on the sample)."""
+    return f", layer {layer}"
 
 
 def steady_binned(chart: alt.Chart, axis: expert_axis.ExpertAxis) -> alt.Chart:
@@ -218,14 +218,14 @@ def token_strip(site: str, layer: int, axis: expert_axis.ExpertAxis) -> None:
                 num_experts=routing.num_experts,
                 max_tokens=WINDOW,
                 start=lo,
-                title=titled("Tokens by top-1 expert", layer, axis),
+                title="Tokens by top-1 expert",
                 n_group=routing.n_group,
                 highlight=axis.expert,
             ),
             2 * min(num_tokens, WINDOW),
         ),
     )
-    exports.show_chart(strip, "strip")
+    exports.show_chart(strip, "strip", file_title_suffix=layer_in_file(layer))
     colour = (
         "Each token is coloured by the expert with the largest combination weight at this layer"
         if routing.has_weights
@@ -256,14 +256,12 @@ def heatmap_and_token(site: str, layer: int, axis: expert_axis.ExpertAxis, score
     heading = "Router scores" if SCORES else "Dispatch"  # no scores: the chart draws the dispatch alone
 
     def build() -> alt.TopLevelMixin:
-        heatmap = router_score_heatmap(
-            scores, max_tokens=WINDOW, start=lo, title=titled(heading, layer, axis), experts=axis.shown
-        )
+        heatmap = router_score_heatmap(scores, max_tokens=WINDOW, start=lo, title=heading, experts=axis.shown)
         marks = min(num_tokens, WINDOW) * len(axis.shown)
         return exports.many_marks(order_in_data(heatmap, axis.shown), marks)
 
     heatmap = memo("heatmap", axis, (site, layer, tuple(axis.shown)), build)
-    event = exports.show_chart(heatmap, "heatmap", select=True)
+    event = exports.show_chart(heatmap, "heatmap", select=True, file_title_suffix=layer_in_file(layer))
     colour = (
         f"Colour = router score = {routing.score_fn}(router logits), before top-k. ● = expert the token was "
         "dispatched to; hover a cell for its logit and the combination weight the model used (0 where not "
@@ -396,7 +394,7 @@ def load_view(site: str, layer: int, axis: expert_axis.ExpertAxis) -> None:
     # chart full width, then the indicators in one row: readable from 900 px (a side column was not)
 
     def build() -> alt.TopLevelMixin:
-        curve = expert_axis.load_chart(load, axis, title=titled("Expert load", layer, axis), bands=bands)
+        curve = expert_axis.load_chart(load, axis, title="Expert load", bands=bands)
         if not axis.at_scale:
             return curve
         # its per-layer figures (dead experts, the busiest's load) are in the caption below. A point and a
@@ -407,7 +405,11 @@ def load_view(site: str, layer: int, axis: expert_axis.ExpertAxis) -> None:
         )
         return exports.many_marks(titled_curve, 2 * num_experts)
 
-    exports.show_chart(memo("load", axis, (site, layer, axis.expert, draws), build), "load")
+    exports.show_chart(
+        memo("load", axis, (site, layer, axis.expert, draws), build),
+        "load",
+        file_title_suffix=layer_in_file(layer),
+    )
     # indicators side by side at their own width, wrapping to a second row on a narrow page (never cut)
     metrics = st.container(horizontal=True, gap="large")
     metrics.metric(

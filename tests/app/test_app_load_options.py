@@ -125,7 +125,7 @@ def test_the_first_load_shows_its_progress_and_a_cache_hit_none(monkeypatch) -> 
 
 def test_routing_load_chart_has_bootstrap_bands() -> None:
     at = run_page("pages/routing.py", model=MODEL)
-    (chart,) = [c for c in at.get("vega_lite_chart") if "Expert load, layer" in c.proto.spec]
+    (chart,) = [c for c in at.get("vega_lite_chart") if '"Expert load"' in c.proto.spec]
     assert "count_low" in chart.proto.spec or "count_low" in str(chart.proto.datasets)
     helps = " ".join(m.proto.help for m in at.metric if m.label in ("Load entropy", "Max share"))
     assert helps.count("90% bootstrap band") == 2

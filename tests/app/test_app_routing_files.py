@@ -156,7 +156,7 @@ def test_routing_of_an_import_draws_the_dispatch_and_names_what_needs_scores(fil
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Load entropy"] == f"{summary['load_entropy']:.2f}"
     assert metrics["Dead experts"] == str(int(summary["dead_experts"]))
-    heatmap = chart_rows(at, "Dispatch, layer 0")
+    heatmap = chart_rows(at, '"text": "Dispatch"')
     dispatched = heatmap[heatmap["dispatched"]].sort_values(["row", "expert"])
     routing = files["captured"].layers[0]
     want = sorted((row, int(e)) for row, slots in enumerate(routing.experts) for e in slots if e >= 0)
@@ -188,7 +188,7 @@ def test_ids_in_id_order_lose_the_top1_views_with_a_caption(files, monkeypatch):
 
 def test_unknown_token_ids_show_as_a_question_mark(files, monkeypatch):
     at = on_file("routing", files["no_ids"], monkeypatch)
-    strip = chart_rows(at, "Tokens by top-1 expert, layer 0")
+    strip = chart_rows(at, "Tokens by top-1 expert")
     assert set(strip["token"]) == {"⟨?⟩"}
     assert len(strip) == len(files["captured"].tokens)
 

@@ -1,4 +1,5 @@
-"""The Routing page at scale keeps its drawn charts across a layer switch and an expert pick (real Chromium).
+"""The Routing page keeps its drawn charts across a layer switch and an expert pick (real Chromium), at scale
+and on the 8-expert sample.
 
 At 256 experts, building a Vega view (compiling the spec, laying out, drawing) is most of what a layer
 switch costs in the browser. Streamlit builds a new view only when a chart's spec changes and swaps the data
@@ -30,7 +31,8 @@ from tests.support.browser import (
 )
 from tests.support.scale_models import SHAPES, with_tokenizer
 
-CHARTS = ("heatmap", "strip", "load")  # the per-layer charts of the page at scale (st.container keys)
+CHARTS = ("heatmap", "strip", "load")  # the per-layer charts of the page (st.container keys)
+SAMPLE = "sample:mixtral-healthy"  # the app's default: 8 experts, top-2, 4 MoE layers
 # Tags each chart's drawn node (a property set on the DOM node: a new view draws into a new node) and returns
 # a signature of what each draws (canvas pixels, or the SVG's markup).
 _TAG_JS = """([keys, tag]) => Object.fromEntries(keys.map(key => {
@@ -123,6 +125,22 @@ def test_layer_switch_and_expert_pick_keep_the_drawn_views(scale_app, browser) -
         after = _after(page, before, ("heatmap", "load"))
         _assert_views_kept(before, after)
         assert after["heatmap"]["drawn"] != before["heatmap"]["drawn"]
+    finally:
+        page.close()
+
+
+def test_on_the_sample_a_layer_switch_keeps_the_drawn_views_too(app_url, browser) -> None:
+    """Up to 20 experts as well (the 8-expert sample, the app's default): the per-layer charts name no
+    layer either (the line above them does), so a layer switch swaps the new layer's data into them."""
+    page = open_app(browser, app_url(SAMPLE), viewport={"width": 1400, "height": 1000})
+    try:
+        before = _tag(page)
+        caption = page.get_by_text(re.compile(r"^Layer \d+: 8 experts, top-2")).first
+        first = caption.inner_text()
+        after_run(page, lambda: page.get_by_role("slider", name="MoE layer").press("ArrowRight"))
+        after = _after(page, before, CHARTS)
+        assert caption.inner_text() != first
+        _assert_views_kept(before, after)
     finally:
         page.close()
 
