@@ -3,8 +3,14 @@ app/streamlit_app.py` runs it alone."""
 
 import os
 
+import altair as alt
 import streamlit as st
 from components import presentation, warmup
+
+# Altair checks every chart object against the Vega-Lite schema as it is made (a whole serialisation and
+# JSON-schema pass each: a third of a layer switch's server time on the sample); the chart functions' specs
+# are validated by the chart tests, and the page's `to_dict` skips the check too (`exports.for_the_page`).
+alt.utils.schemapi.disable_debug_mode()
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the app never downloads (importing moeviz sets nothing)
 
