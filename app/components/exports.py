@@ -91,9 +91,9 @@ def chart_file(chart: alt.TopLevelMixin, fmt: str, title_suffix: str = "") -> by
     with alt.data_transformers.enable(max_rows=None):
         spec = type(chart).to_dict(chart, validate=False)  # light, whatever the page's theme
     title = spec.get("title")
-    if title_suffix and isinstance(title, str):
+    if isinstance(title, str):
         spec["title"] = title + title_suffix
-    elif title_suffix and isinstance(title, dict) and isinstance(title.get("text"), str):
+    elif isinstance(title, dict) and isinstance(title.get("text"), str):
         title["text"] += title_suffix
     if "facet" not in spec and "width" not in spec:
         spec["width"] = 900  # the app fits charts to the page; a file needs a width of its own

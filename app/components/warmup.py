@@ -56,8 +56,8 @@ def _lowest_priority() -> None:
     _set_nice(threading.get_native_id(), 19)
 
 
-def _set_nice(thread_id: int | None, nice: int) -> None:
-    with contextlib.suppress(AttributeError, OSError, TypeError):  # not Linux, or not allowed: left as is
+def _set_nice(thread_id: int, nice: int) -> None:
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not allowed: left as is
         os.setpriority(os.PRIO_PROCESS, thread_id, nice)
 
 

@@ -14,9 +14,8 @@ import pytest
 from moeviz import cli
 from moeviz.models.loading import DEFAULT_SAMPLE as MODEL
 from moeviz.samples import eval_dir
+from tests.support.app import APP_DIR
 from tests.support.cli import no_load, run_cli
-
-APP_DIR = Path(__file__).resolve().parents[2] / "app"
 
 
 @pytest.mark.parametrize(
@@ -115,7 +114,8 @@ def test_no_app_script_relies_on_magic_which_the_app_turns_off(tmp_path):
     assert "--runner.magicEnabled" in cli.APP_FLAGS
     assert cli.APP_FLAGS[cli.APP_FLAGS.index("--runner.magicEnabled") + 1] == "false"
     scripts = [APP_DIR / "streamlit_app.py", APP_DIR / "serve.py", *sorted((APP_DIR / "pages").glob("*.py"))]
-    assert {script.name: magic_expressions(script) for script in scripts if magic_expressions(script)} == {}
+    found = {script.name: magic_expressions(script) for script in scripts}
+    assert {name: lines for name, lines in found.items() if lines} == {}
     shown = tmp_path / "shown.py"  # the check finds what magic would show
     shown.write_text('"""Docstring."""\nimport streamlit as st\nx = 1\nx\n"text"\nst.write(x)\n')
     assert magic_expressions(shown) == [4, 5]
