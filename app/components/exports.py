@@ -107,13 +107,13 @@ def many_marks(chart: alt.TopLevelMixin, marks: int) -> alt.TopLevelMixin:
     in the browser, which redraws these views on every layer switch. Small views stay SVG, their marks
     readable in the page (the browser tests read them). Per-mark work Vega does through its (slow, CSP-safe)
     expression interpreter is turned off: ARIA descriptions (a canvas has no marks to read) and the filter
-    of invalid values (these views' values are finite)."""
+    of invalid values (these views' values are finite). Set on `chart` itself, which is returned: altair's
+    `.properties()` would build a layered chart again, deep-copying each of its layers."""
     if marks <= CANVAS_ABOVE:
         return chart
-    return chart.properties(
-        usermeta={"embedOptions": {"renderer": "canvas"}},
-        config=alt.Config(aria=False, mark=alt.MarkConfig(invalid=None)),
-    )
+    chart.usermeta = {"embedOptions": {"renderer": "canvas"}}
+    chart.config = alt.Config(aria=False, mark=alt.MarkConfig(invalid=None))
+    return chart
 
 
 # The dark theme's counterparts of the library's two theme colours (Streamlit's dark background is #0e1117).

@@ -399,11 +399,9 @@ def load_view(site: str, layer: int, axis: expert_axis.ExpertAxis) -> None:
             return curve
         # its per-layer figures (dead experts, the busiest's load) are in the caption below. A point and a
         # band step per expert, redrawn on every layer switch and pick: on a canvas, without per-mark ARIA
-        # text (the caption says what the curve shows)
-        titled_curve = curve.properties(
-            title=alt.Title("Expert load, sorted", subtitle="dashed = fair share; grey = bootstrap band")
-        )
-        return exports.many_marks(titled_curve, 2 * num_experts)
+        # text (the caption says what the curve shows). Set in place: a copy deep-copies every layer.
+        curve.title = alt.Title("Expert load, sorted", subtitle="dashed = fair share; grey = bootstrap band")
+        return exports.many_marks(curve, 2 * num_experts)
 
     exports.show_chart(
         memo("load", axis, (site, layer, axis.expert, draws), build),

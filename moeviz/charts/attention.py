@@ -147,7 +147,10 @@ def head_metric_heatmap(
             alt.selection_point(name=HEAD_SELECTION, fields=["layer", "head"], on="click", clear="dblclick")
         )
     text = base.mark_text(fontSize=10, color="black", opacity=0.7).encode(text=alt.Text("mark:N"))
-    return layered_chart(cells, text, data=data).properties(
+    return layered_chart(
+        cells,
+        text,
+        data=data,
         title=alt.Title(title or label, subtitle="S sink · L local · G global · grey: no map"),
         height=min(max(24 * num_layers, 96), 640),
         autosize=FIT_WIDTH,
@@ -437,7 +440,10 @@ def kv_whatif_heatmap(whatif: pd.DataFrame, *, title: str | None = None) -> alt.
         )
     )
     text = base.mark_text(fontSize=10, color="black").encode(text=alt.Text("text:N"))
-    return layered_chart(cells, text, data=data).properties(
+    return layered_chart(
+        cells,
+        text,
+        data=data,
         title=alt.Title(title or "Attention mass lost", subtitle="mean over tokens; hover for p95 and max"),
         height=min(max(24 * num_layers, 96), 640),
         autosize=FIT_WIDTH,

@@ -104,7 +104,8 @@ def position_delta_chart(frame: pd.DataFrame, *, title: str | None = None) -> al
     subtitle = (
         "intervened at every position" if every else "dashed: the intervened position" if len(marked) else ""
     )
-    return layered_chart(*layers).properties(
+    return layered_chart(
+        *layers,
         title=alt.Title(title or "Effect on every next-token prediction", subtitle=subtitle),
         height=220,
         width="container",

@@ -170,7 +170,10 @@ def dispatch_bytes_chart(layers: pd.DataFrame, *, title: str = "Dispatch bytes p
             ],
         )
     )
-    return layered_chart(bars, nodedup, data=data).properties(
+    return layered_chart(
+        bars,
+        nodedup,
+        data=data,
         title=alt.Title(
             title,
             subtitle="stacked: inter-node / intra-node / local; dashed tick = remote bytes without dedup",
@@ -571,6 +574,6 @@ def params_chart(
             ],
         )
     )
-    return layered_chart(line, dots, data=data).properties(
-        title=title, height=min(max(30 * len(names), 120), 700), autosize=FIT_WIDTH
+    return layered_chart(
+        line, dots, data=data, title=title, height=min(max(30 * len(names), 120), 700), autosize=FIT_WIDTH
     )

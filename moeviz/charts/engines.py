@@ -120,7 +120,10 @@ def layer_mismatch_chart(layers: pd.DataFrame, *, title: str | None = None) -> a
     ]
     lines = alt.Chart().mark_line(strokeWidth=1.5).encode(x=x, y=y, color=colour, detail="metric:N")
     dots = alt.Chart().mark_circle(size=36, opacity=1).encode(x=x, y=y, color=colour, tooltip=tooltip)
-    return layered_chart(lines, dots, data=data).properties(
+    return layered_chart(
+        lines,
+        dots,
+        data=data,
         title=alt.Title(
             title or "Routing difference per MoE layer", subtitle="0 = A and B route identically"
         ),
@@ -276,7 +279,10 @@ def margin_quartile_chart(quartiles: pd.DataFrame, *, side: str, title: str | No
         .mark_text(dy=-6, baseline="bottom", fontSize=11, color=INK)
         .encode(x=x, y=y, text=alt.Text("label:N"))
     )
-    return layered_chart(bars, text, data=data).properties(
+    return layered_chart(
+        bars,
+        text,
+        data=data,
         title=alt.Title(
             title or "Router mismatch by router-margin quartile",
             subtitle=f"margins of {side}; bars: differing / compared",
@@ -389,7 +395,10 @@ def routers_strip_chart(
     limit = alt.ExprRef(expr=f"max(width / {per_line} - 6, 8)")  # a label never spills into its neighbour
     text = base.mark_text(fontSize=12, color="black", limit=limit).encode(text=alt.Text("text:N"))
     lines = int(data["line"].nunique()) if len(data) else 1
-    return layered_chart(boxes, text, data=data).properties(
+    return layered_chart(
+        boxes,
+        text,
+        data=data,
         title=alt.Title(
             title or "Tokens by MoE layers whose expert sets differ",
             subtitle=_window_subtitle(lo, hi, len(frame)),

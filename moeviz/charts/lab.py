@@ -135,7 +135,10 @@ def lab_loss_chart(
             ),
         )
     subtitle = "line: train · dots: held-out evaluations" + (" · faint: raw train" if smoothed else "")
-    return layered_chart(*layers, *_collapse_marks(collapse_step), data=history).properties(
+    return layered_chart(
+        *layers,
+        *_collapse_marks(collapse_step),
+        data=history,
         title=alt.Title(title, subtitle=subtitle),
         height=200,
         autosize=FIT_WIDTH,
@@ -205,7 +208,9 @@ def lab_load_chart(
             .mark_rule(color=SCRUB_COLOUR, strokeWidth=2)
             .encode(x=alt.XDatum(int(marked_step)), tooltip=alt.value(f"load snapshot: step {marked_step}"))
         )
-    return layered_chart(*marks, data=data).properties(
+    return layered_chart(
+        *marks,
+        data=data,
         title=alt.Title(f"Expert load, layer {layer}", subtitle=f"a band per expert · {fair}{legend}"),
         height=200,
         autosize=FIT_WIDTH,
@@ -288,8 +293,13 @@ def lab_metric_chart(
             .mark_rule(color=INK, strokeDash=[4, 3], opacity=0.6)
             .encode(y=alt.YDatum(float(reference)), tooltip=alt.value(f"even load: {reference:.3f}"))
         )
-    return layered_chart(*layers, *_collapse_marks(collapse_step, short=True), data=history).properties(
-        title=alt.Title(title, subtitle=subtitle), height=130, autosize=FIT_WIDTH
+    return layered_chart(
+        *layers,
+        *_collapse_marks(collapse_step, short=True),
+        data=history,
+        title=alt.Title(title, subtitle=subtitle),
+        height=130,
+        autosize=FIT_WIDTH,
     )
 
 
@@ -323,7 +333,9 @@ def lab_load_snapshot_chart(load: pd.DataFrame, layer: int, step: int, num_exper
             .mark_rule(color=INK, strokeDash=[4, 3], opacity=0.6)
             .encode(y=alt.YDatum(even), tooltip=alt.value(f"even share: 1/{num_experts}"))
         )
-    return layered_chart(*marks, data=data).properties(
+    return layered_chart(
+        *marks,
+        data=data,
         title=alt.Title(f"Load at step {step}, layer {layer}", subtitle="bars: experts · dashed: even"),
         height=130,
         autosize=FIT_WIDTH,
@@ -400,8 +412,8 @@ def lab_runs_chart(
             .encode(y=alt.YDatum(float(reference)), tooltip=alt.value(f"even load: {reference:.3f}"))
         )
     subtitle = "smoothed · faint: raw" if smoothed else "a colour per run"
-    return layered_chart(*layers, data=data).properties(
-        title=alt.Title(title, subtitle=subtitle), height=150, autosize=FIT_WIDTH
+    return layered_chart(
+        *layers, data=data, title=alt.Title(title, subtitle=subtitle), height=150, autosize=FIT_WIDTH
     )
 
 
@@ -462,6 +474,6 @@ def lab_finetune_chart(
             .mark_rule(color=INK, strokeDash=[4, 3], opacity=0.6)
             .encode(y=alt.YDatum(float(reference)), tooltip=alt.value(f"even share: {reference:.3f}"))
         )
-    return layered_chart(*layers, data=data).properties(
-        title=alt.Title(title, subtitle=subtitle), height=150, autosize=FIT_WIDTH
+    return layered_chart(
+        *layers, data=data, title=alt.Title(title, subtitle=subtitle), height=150, autosize=FIT_WIDTH
     )

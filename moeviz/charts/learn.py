@@ -96,8 +96,13 @@ def router_walkthrough_chart(
         )
         labels = _value_labels(field, fmt, y)
         panels.append(
-            alt.layer(bars, *labels, data=data).properties(
-                title=alt.Title(heading, fontSize=14), width=175, height=row_height * len(data)
+            alt.layer(
+                bars,
+                *labels,
+                data=data,
+                title=alt.Title(heading, fontSize=14),
+                width=175,
+                height=row_height * len(data),
             )
         )
     return (
@@ -150,7 +155,10 @@ def token_weights_chart(weights: pd.DataFrame, *, title: str, height: int = 170)
         .transform_calculate(mid="(datum.lo + datum.hi) / 2")
         .transform_filter("datum.weight >= 0.08")
     )
-    return layered_chart(bars, text, data=data).properties(
+    return layered_chart(
+        bars,
+        text,
+        data=data,
         title=alt.Title(
             title, subtitle="one segment per expert the token is sent to, its id printed on it; orange = 1st"
         ),
@@ -198,7 +206,11 @@ def aux_terms_chart(terms: pd.DataFrame, *, k: int, title: str, height: int = 19
         .mark_rule(color=RULE, strokeDash=[6, 4], strokeWidth=2)
         .encode(y="max(balanced):Q", tooltip=[alt.Tooltip("max(balanced):Q", format=".4f", title="k/E")])
     )
-    return layered_chart(bars, *labels, rule, data=data).properties(
+    return layered_chart(
+        bars,
+        *labels,
+        rule,
+        data=data,
         title=alt.Title(
             title,
             subtitle=f"dashed line: k/E = {k}/{num_experts}, each term under even load; orange = above it",
@@ -254,7 +266,10 @@ def aux_terms_compare_chart(terms: pd.DataFrame, *, k: int, k_captured: int, tit
             tooltip=[alt.Tooltip("routing:N"), alt.Tooltip("even:Q", format=".4f", title="k/E")],
         )
     )
-    return layered_chart(bars, rules, data=data).properties(
+    return layered_chart(
+        bars,
+        rules,
+        data=data,
         title=alt.Title(
             title, subtitle=f"dashed: k/E, each term under even load (captured k = {k_captured})"
         ),
@@ -300,8 +315,7 @@ def load_side_by_side_chart(
         .encode(y="max(fair):Q", tooltip=[alt.Tooltip("max(fair):Q", format=".1%", title="fair share 1/E")])
     )
     return (
-        alt.layer(bars, rule, data=data)
-        .properties(width=width, height=height)
+        alt.layer(bars, rule, data=data, width=width, height=height)
         .facet(
             column=alt.Column(
                 "model:N",
@@ -345,8 +359,13 @@ def choice_load_chart(load: pd.DataFrame, *, title: str, height: int = 190) -> a
         .mark_rule(color=RULE, strokeDash=[6, 4], strokeWidth=2)
         .encode(y="max(fair):Q", tooltip=[alt.Tooltip("max(fair):Q", format=".1f", title="fair share kT/E")])
     )
-    return layered_chart(bars, rule, data=data).properties(
-        title=alt.Title(title, subtitle="dashed line: the fair share kT/E"), height=height, autosize=FIT_WIDTH
+    return layered_chart(
+        bars,
+        rule,
+        data=data,
+        title=alt.Title(title, subtitle="dashed line: the fair share kT/E"),
+        height=height,
+        autosize=FIT_WIDTH,
     )
 
 
@@ -389,7 +408,10 @@ def shared_experts_chart(shares: pd.DataFrame, *, k: int, title: str, height: in
         .mark_rule(color=RULE, strokeDash=[6, 4], strokeWidth=2)
         .encode(y="max(even):Q", tooltip=[alt.Tooltip("max(even):Q", format=".1%", title="k/E")])
     )
-    return layered_chart(bars, rule, data=data).properties(
+    return layered_chart(
+        bars,
+        rule,
+        data=data,
         title=alt.Title(
             title,
             subtitle=f"orange: shared; dashed line: k/E = {k}/{routed}, a routed expert's share when even",
@@ -449,8 +471,11 @@ def experts_sweep_chart(
         .encode(x=x, y=y, tooltip=tooltip)
     )
     return layered_chart(
-        base.mark_line(strokeWidth=2), spread, base.mark_point(filled=True, size=70), rings, data=data
-    ).properties(
+        base.mark_line(strokeWidth=2),
+        spread,
+        base.mark_point(filled=True, size=70),
+        rings,
+        data=data,
         title=alt.Title(
             title,
             subtitle="lines: mean over seeds; bars: lowest to highest seed; red ring: a run collapsed there",

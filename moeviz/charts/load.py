@@ -93,7 +93,7 @@ def balance_chart(balance: pd.DataFrame, metric: str, *, title: str | None = Non
         .mark_tick(color="#e4572e", thickness=2, strokeDash=[4, 2], size=40)
         .encode(x=x, y="uniform:Q", tooltip=[alt.Tooltip("uniform:Q", format=".3f", title="uniform load")])
     )
-    return layered_chart(bars, uniform).properties(title=title or metric, height=180, autosize=FIT_WIDTH)
+    return layered_chart(bars, uniform, title=title or metric, height=180, autosize=FIT_WIDTH)
 
 
 def aux_loss_chart(losses: pd.DataFrame, *, title: str | None = None) -> alt.LayerChart:
@@ -148,7 +148,9 @@ def aux_loss_chart(losses: pd.DataFrame, *, title: str | None = None) -> alt.Lay
         .encode(x="ratio:Q")
     )
     layers = int(data["row"].nunique()) if len(data) else 1
-    return layered_chart(rule, points).properties(
+    return layered_chart(
+        rule,
+        points,
         title=alt.Title(
             title or "Balancing losses per layer",
             subtitle="each loss ÷ its value under perfectly even load; dashed line = even load",

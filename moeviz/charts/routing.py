@@ -151,7 +151,10 @@ def router_score_heatmap(
         )
     dot_size = 11 if hi - lo <= 80 else 8 if hi - lo <= 200 else 6  # fewer, wider cells take a bigger dot
     dots = _dispatch_dots(base, dot_size)
-    return layered_chart(cells_layer, dots, data=data).properties(
+    return layered_chart(
+        cells_layer,
+        dots,
+        data=data,
         title=alt.Title(
             title or ("Router scores" if scored else "Dispatch"),
             subtitle=_window_subtitle(lo, hi, num_tokens),
@@ -243,9 +246,7 @@ def expert_load_chart(
                 ],
             )
         )
-    return layered_chart(*layers, data=data).properties(
-        title=title or "Expert load", height=220, autosize=FIT_WIDTH
-    )
+    return layered_chart(*layers, data=data, title=title or "Expert load", height=220, autosize=FIT_WIDTH)
 
 
 # ---- tokens × routing: strip, timeline, drill-down ------------------------------------------------------
@@ -326,7 +327,9 @@ def token_strip_chart(
         data["chosen"] = data["expert"] == int(highlight)
         chosen = base.transform_filter("datum.chosen")
         marks.insert(1, chosen.mark_rect(filled=False, stroke=INK, strokeWidth=2.5, cornerRadius=3))
-    return layered_chart(*marks, data=data).properties(
+    return layered_chart(
+        *marks,
+        data=data,
         title=alt.Title(title or "Tokens by top-1 expert", subtitle=_window_subtitle(lo, hi, len(tokens))),
         height=min(28 * lines, 900),
         autosize=FIT_WIDTH,
@@ -388,7 +391,10 @@ def expert_timeline_chart(
     dots = _dispatch_dots(base, 9)
     num_layers = int(data["layer"].nunique()) if len(data) else 1
     heading = "router score" if scored else "dispatched"
-    return layered_chart(cells, dots, data=data).properties(
+    return layered_chart(
+        cells,
+        dots,
+        data=data,
         title=alt.Title(title or f"Expert {expert}: {heading} at every layer", subtitle=f"{hi - lo} tokens"),
         height=min(max(24 * num_layers, 80), 600),
         autosize=FIT_WIDTH,
@@ -419,8 +425,13 @@ def token_layer_scores_chart(token_scores: pd.DataFrame, *, title: str | None = 
     )
     dots = _dispatch_dots(base, 12)
     layers = int(data["layer"].nunique()) if len(data) else 1
-    return layered_chart(cells, dots, data=data).properties(
-        title=title or "Scores at every layer", height=min(max(26 * layers, 80), 600), autosize=FIT_WIDTH
+    return layered_chart(
+        cells,
+        dots,
+        data=data,
+        title=title or "Scores at every layer",
+        height=min(max(26 * layers, 80), 600),
+        autosize=FIT_WIDTH,
     )
 
 
@@ -469,8 +480,13 @@ def token_path_chart(
             *([alt.Tooltip("weight:Q", format=".3f")] if weighted else []),
         ],
     )
-    return layered_chart(*([line] if ranked else []), dots, data=data).properties(
-        title=title or "Expert path", height=220, autosize=FIT_WIDTH
+    return layered_chart(
+        *([line] if ranked else []),
+        dots,
+        data=data,
+        title=title or "Expert path",
+        height=220,
+        autosize=FIT_WIDTH,
     )
 
 

@@ -249,8 +249,8 @@ def layer_expert_heatmap(
         if dots:
             marked = base.transform_filter("datum.dispatched")
             parts.append(marked.mark_text(text="●", color=DOT_COLOUR, fontSize=11).encode(tooltip=tooltip))
-        return layered_chart(*parts, data=data).properties(
-            title=heading, height=min(max(26 * num_rows, 100), 700), autosize=FIT_WIDTH
+        return layered_chart(
+            *parts, data=data, title=heading, height=min(max(26 * num_rows, 100), 700), autosize=FIT_WIDTH
         )
     brush = alt.selection_interval(name=EXPERT_BRUSH, encodings=["x"])
     x_labels = None if order is None and ids == list(range(len(ids))) else ids
@@ -296,7 +296,6 @@ def layer_expert_heatmap(
     overview = alt.layer(
         view(full, overview_axis, None).mark_rect().encode(color=colour).add_params(brush),
         *outline(full, overview_axis, None),
-    ).properties(
         width=width,
         height=min(max(2 * num_rows, 40), 120),
         title=alt.Title(heading, subtitle=_subtitle(len(ids))),
@@ -322,8 +321,11 @@ def layer_expert_heatmap(
                 tooltip=tooltip,
             )
         )
-    detail = alt.layer(*detail_parts).properties(
-        width=width, height=min(max(12 * num_rows, 120), 760), title="Detail: brushed experts (all when none)"
+    detail = alt.layer(
+        *detail_parts,
+        width=width,
+        height=min(max(12 * num_rows, 120), 760),
+        title="Detail: brushed experts (all when none)",
     )
     # (passed to the constructor: each altair method call deep-copies the whole chart)
     return alt.VConcatChart(
@@ -401,7 +403,9 @@ def _raster_layer_expert(
             )
         ]
 
-    overview = alt.layer(image.add_params(brush), *outline(full, over_axis(overview_axis), None)).properties(
+    overview = alt.layer(
+        image.add_params(brush),
+        *outline(full, over_axis(overview_axis), None),
         width=width,
         height=min(max(2 * num_rows, 40), 120),
         title=alt.Title(heading, subtitle=_subtitle(num_cols)),
@@ -433,8 +437,11 @@ def _raster_layer_expert(
                 ],
             )
         )
-    detail = alt.layer(*detail_parts).properties(
-        width=width, height=min(max(12 * num_rows, 120), 760), title="Detail: brushed experts (all when none)"
+    detail = alt.layer(
+        *detail_parts,
+        width=width,
+        height=min(max(12 * num_rows, 120), 760),
+        title="Detail: brushed experts (all when none)",
     )
     return alt.VConcatChart(vconcat=[overview, detail])
 
@@ -628,8 +635,10 @@ def token_rank_path_chart(
     )
     marks = [*parts, line, dots] if weighted else [*parts, dots]
     # the raster's layers and the dots carry their own data: the cells are not shipped besides
-    layered = alt.layer(*marks, data=alt.Undefined if rastered else data).resolve_scale(color="independent")
-    return layered.properties(
+    return layered_chart(
+        *marks,
+        data=alt.Undefined if rastered else data,
+        resolve=alt.Resolve(scale=alt.ScaleResolveMap(color="independent")),
         title=alt.Title(title or "Expert path by rank", subtitle=f"{rank_title}; {k} experts per layer"),
         height=min(max(14 * top, 160), 520),
         autosize=FIT_WIDTH,
@@ -785,8 +794,12 @@ def expert_load_curve_chart(
     subtitle = f"{e} experts, {dead} dead, busiest at {top:.2f}× its fair share; dashed = fair share"
     if bands is not None:
         subtitle += "; grey = bootstrap band"
-    return layered_chart(*parts, data=data).properties(
-        title=alt.Title(title or "Expert load, sorted", subtitle=subtitle), height=220, autosize=FIT_WIDTH
+    return layered_chart(
+        *parts,
+        data=data,
+        title=alt.Title(title or "Expert load, sorted", subtitle=subtitle),
+        height=220,
+        autosize=FIT_WIDTH,
     )
 
 
