@@ -118,6 +118,8 @@ def many_marks(chart: alt.TopLevelMixin, marks: int) -> alt.TopLevelMixin:
 
 # The dark theme's counterparts of the library's two theme colours (Streamlit's dark background is #0e1117).
 DARK = {INK: "#f0f2f6", PAPER: "#0e1117"}
+# The spec keys whose INK / PAPER values `themed_spec` swaps (marks, and a legend's symbols).
+THEMED_KEYS = ("color", "stroke", "fill", "symbolFillColor", "symbolStrokeColor")
 # Chart subtitles: Streamlit's chart theme colours titles but leaves subtitles Vega's black.
 SUBTITLE = {"light": "#5c5f6b", "dark": "#a3a8b8"}
 
@@ -137,7 +139,7 @@ def themed_spec(spec: dict, theme: str) -> dict:
             stack.extend(node)
         elif isinstance(node, dict):
             for key, value in node.items():
-                if key in ("color", "stroke", "fill") and isinstance(value, str) and value in DARK:
+                if key in THEMED_KEYS and isinstance(value, str) and value in DARK:
                     node[key] = DARK[value]
                 elif key != "data" and isinstance(value, dict | list):
                     stack.append(value)

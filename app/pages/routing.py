@@ -554,23 +554,22 @@ def token_detail_at_scale() -> None:
             + ". Experts sorted as chosen above, over all layers. Drag over the overview to show a range."
         )
         confidence = token_confidence_frame(trace, seq, pos)  # after the scores: they reach the page first
-        c1, c2 = st.columns(2)
-        with c1:
-            rank_by = st.radio(
-                "Rank experts by", list(RANK_BY), format_func=RANK_BY.get, horizontal=True, key="path_rank"
-            )
-            path = token_rank_path_chart(mine, rank_by=rank_by, load=frames.load, title=f"Path of {label!r}")
-            # up to layers × experts cells (an image and its hover bins past RASTER_ABOVE): on a canvas,
-            # without per-mark ARIA text
-            exports.show_chart(exports.many_marks(path, len(mine)), "token_path")
-            st.caption(
-                "Where its experts stand in each layer's ranking (0 = first); dot size = combination weight, "
-                "colour = slot, dashed line joins the top-1 experts. A dispatched expert below rank k was "
-                "promoted by the balancing bias or a group limit."
-            )
-        with c2:
-            exports.show_chart(token_margin_chart(confidence), "token_margin")
-            st.caption(expert_axis.margin_caption(trace.layer(layer, site)))
+        # path and margin one under the other, each the page's width: side by side at 900 px, a half
+        # column (~210 px) cut the path's slot legend after slot 3 of 8 and crowded 58 layer labels
+        rank_by = st.radio(
+            "Rank experts by", list(RANK_BY), format_func=RANK_BY.get, horizontal=True, key="path_rank"
+        )
+        path = token_rank_path_chart(mine, rank_by=rank_by, load=frames.load, title=f"Path of {label!r}")
+        # up to layers × experts cells (an image and its hover bins past RASTER_ABOVE): on a canvas, without
+        # per-mark ARIA text
+        exports.show_chart(exports.many_marks(path, len(mine)), "token_path")
+        st.caption(
+            "Where its experts stand in each layer's ranking (0 = first); dot size = combination weight, "
+            "colour = slot, dashed line joins the top-1 experts. A dispatched expert below rank k was "
+            "promoted by the balancing bias or a group limit."
+        )
+        exports.show_chart(token_margin_chart(confidence), "token_margin")
+        st.caption(expert_axis.margin_caption(trace.layer(layer, site)))
         token_table(confidence, confidence, "token_confidence", CONFIDENCE_TABLE)
         attention_row(layer, seq, pos)
 

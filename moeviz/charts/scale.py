@@ -615,7 +615,12 @@ def token_rank_path_chart(
         x=x,
         y=alt.Y("rank:Q", scale=y_scale, axis=y_axis),
         size=alt.Size(
-            "weight:Q", scale=alt.Scale(range=[8, 90] if num_rows > 16 else [20, 300]), title="weight"
+            "weight:Q",
+            scale=alt.Scale(range=[8, 90] if num_rows > 16 else [20, 300]),
+            title="weight",
+            # in the ink of the page's theme (a host swaps INK on a dark page): by default Vega's blue,
+            # hardly seen on a dark background
+            legend=alt.Legend(symbolFillColor=INK),
         )
         if weighted
         else alt.value(60 if num_rows > 16 else 160),
