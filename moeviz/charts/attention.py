@@ -325,7 +325,7 @@ def attention_map_raster(
         if scale == "log"
         else alt.Legend(title="p ÷ row max" if scale == "row" else "p")
     )
-    chart = raster_heatmap(
+    return raster_heatmap(
         map_shade_matrix(block, scale),
         map_ramp(scale),
         row_title="query",
@@ -338,13 +338,13 @@ def attention_map_raster(
         legend=legend,
         height=min(max(len(rows), 160), 640),
         hover=block,
+        autosize=FIT_WIDTH,
         title=alt.Title(
             title or "Attention map",
             subtitle=f"{len(rows)} queries × {len(cols)} keys, drawn as an image; hover for the weights"
             + ("" if scale == "linear" else f" · colour = {MAP_SCALES[scale]}"),
         ),
     )
-    return chart.properties(autosize=FIT_WIDTH)
 
 
 def _label_ticks(labels: list[str]) -> dict:

@@ -9,7 +9,9 @@ from moeviz.charts._common import layered_chart
 from moeviz.charts.routing import token_label
 
 
-def attribution_strip_chart(frame: pd.DataFrame, *, value: str = "ig", title: str | None = None) -> alt.Chart:
+def attribution_strip_chart(
+    frame: pd.DataFrame, *, value: str = "ig", title: str | None = None
+) -> alt.LayerChart:
     """Token strip (one cell per position, wrapped 32 to a row) coloured by `value` (diverging at 0).
 
     `frame`: `TokenAttribution.frame()` (pos, token, ig, ig_share, ablation)."""
@@ -27,8 +29,8 @@ def attribution_strip_chart(frame: pd.DataFrame, *, value: str = "ig", title: st
         color=alt.Color(f"{value}:Q", scale=alt.Scale(scheme="redblue", domain=[top, -top]), title=value),
         tooltip=["label:N", alt.Tooltip(f"{value}:Q", format=".4g"), alt.Tooltip("ig_share:Q", format=".1%")],
     )
-    return (cells + base.mark_text(fontSize=9).encode(text=alt.Text("text:N"))).properties(
-        height=alt.Step(22)
+    return layered_chart(
+        cells, base.mark_text(fontSize=9).encode(text=alt.Text("text:N")), height=alt.Step(22)
     )
 
 

@@ -10,7 +10,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from moeviz.charts._common import FIT_WIDTH, layer_labels, log2_fold, log2_fold_colour
+from moeviz.charts._common import FIT_WIDTH, layer_labels, layered_chart, log2_fold, log2_fold_colour
 from moeviz.charts.scale import MAX_CATEGORICAL
 
 TIMELINE_INDICATORS = {
@@ -130,14 +130,13 @@ def balance_timeline_chart(
             tooltip=[alt.Tooltip("level:N"), alt.Tooltip("threshold:Q", format=".3g")],
         )
     )
-    return (
-        alt.layer(lines, reference)
-        .resolve_scale(color="independent")
-        .properties(
-            title=alt.Title(indicator, subtitle=TIMELINE_INDICATORS[indicator]),
-            height=220,
-            autosize=FIT_WIDTH,
-        )
+    return layered_chart(
+        lines,
+        reference,
+        resolve=alt.Resolve(scale=alt.ScaleResolveMap(color="independent")),
+        title=alt.Title(indicator, subtitle=TIMELINE_INDICATORS[indicator]),
+        height=220,
+        autosize=FIT_WIDTH,
     )
 
 

@@ -14,7 +14,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from moeviz.charts._common import FIT_WIDTH, INK, layer_labels
+from moeviz.charts._common import FIT_WIDTH, INK, layer_labels, layered_chart
 
 TOP = 20  # rows of a band chart
 MOVED = "#d62728"  # a band that excludes 0
@@ -24,7 +24,7 @@ ROW_HEIGHT = 16
 
 def _band_chart(
     data: pd.DataFrame, flag: str, legend: dict[bool, str], *, x_title: str, title: str
-) -> alt.Chart:
+) -> alt.LayerChart:
     """One row per `data.label`: a rule from shift_low to shift_high, a dot at shift coloured by `flag`, and
     a rule at 0; `data` keeps its order top to bottom."""
     data = data.assign(status=data[flag].map(legend))
@@ -49,8 +49,8 @@ def _band_chart(
     )
     dot = base.mark_circle(size=60, opacity=1).encode(x="shift:Q", color=colour)
     zero = alt.Chart(pd.DataFrame({"zero": [0.0]})).mark_rule(color=INK, strokeDash=[3, 3]).encode(x="zero:Q")
-    return (zero + band + dot).properties(
-        title=title, height=max(ROW_HEIGHT * len(data), 60), autosize=FIT_WIDTH
+    return layered_chart(
+        zero, band, dot, title=title, height=max(ROW_HEIGHT * len(data), 60), autosize=FIT_WIDTH
     )
 
 
@@ -62,7 +62,7 @@ def _largest(frame: pd.DataFrame, flag: str, top: int) -> pd.DataFrame:
     return rows.loc[order].head(top)
 
 
-def load_shift_band_chart(load_shift: pd.DataFrame, *, top: int = TOP, level: float = 0.9) -> alt.Chart:
+def load_shift_band_chart(load_shift: pd.DataFrame, *, top: int = TOP, level: float = 0.9) -> alt.LayerChart:
     """The experts whose load moved: the `top` (layer, expert) rows, those whose band excludes 0 first, then
     by |shift|; per row the shift f_tuned − f_base of its share of the layer's slots and its paired bootstrap
     band at `level`.
@@ -83,7 +83,7 @@ def load_shift_band_chart(load_shift: pd.DataFrame, *, top: int = TOP, level: fl
     )
 
 
-def domain_took_chart(domain_shift: pd.DataFrame, *, top: int = TOP, level: float = 0.9) -> alt.Chart:
+def domain_took_chart(domain_shift: pd.DataFrame, *, top: int = TOP, level: float = 0.9) -> alt.LayerChart:
     """Which experts took a domain: the `top` (layer, domain, expert) rows, those that took it first (band
     above 0), then by |shift|; per row the change of the expert's share of the domain's slots and its band.
 
@@ -106,7 +106,7 @@ def domain_took_chart(domain_shift: pd.DataFrame, *, top: int = TOP, level: floa
     )
 
 
-def router_delta_chart(router_delta: pd.DataFrame) -> alt.Chart:
+def router_delta_chart(router_delta: pd.DataFrame) -> alt.LayerChart:
     """Per MoE layer, the router-weight delta relative to the base router, ‖ΔW‖_F / ‖W_base‖_F, as a bar
     with its rank written above it (a LoRA of rank r shows at most r; 0 = the router did not change).
 
@@ -129,10 +129,10 @@ def router_delta_chart(router_delta: pd.DataFrame) -> alt.Chart:
     base = alt.Chart(data).encode(x=x, y=y, tooltip=tooltip)
     bars = base.mark_bar(color="#4c78a8")
     text = base.mark_text(dy=-6, color=INK, fontSize=11).encode(text=alt.Text("rank_text:N"))
-    return (bars + text).properties(title="Router-weight delta per layer", height=200, autosize=FIT_WIDTH)
+    return layered_chart(bars, text, title="Router-weight delta per layer", height=200, autosize=FIT_WIDTH)
 
 
-def balance_change_chart(balance: pd.DataFrame) -> alt.Chart:
+def balance_change_chart(balance: pd.DataFrame) -> alt.LayerChart:
     """Per MoE layer, the largest expert share before (hollow) and after (filled) the fine-tune, joined by a
     rule; red where the collapse verdict got worse. The verdicts and the other indicators are in the
     tooltip.
@@ -166,12 +166,17 @@ def balance_change_chart(balance: pd.DataFrame) -> alt.Chart:
     )
     before = base.mark_point(size=60, filled=False, color=INK).encode(x="max_share_base:Q")
     after = base.mark_circle(size=60, opacity=1).encode(x="max_share_tuned:Q", color=colour)
-    return (rule + before + after).properties(
-        title="Balance before and after", height=max(ROW_HEIGHT * len(data), 60), autosize=FIT_WIDTH
+    return layered_chart(
+        rule,
+        before,
+        after,
+        title="Balance before and after",
+        height=max(ROW_HEIGHT * len(data), 60),
+        autosize=FIT_WIDTH,
     )
 
 
-def specialisation_change_heatmap(specialisation: pd.DataFrame) -> alt.Chart:
+def specialisation_change_heatmap(specialisation: pd.DataFrame) -> alt.LayerChart:
     """Layer × domain heatmap of the change in each domain's specialisation score, ds_tuned − ds_base (ds =
     max_e DS(e, D), the share of the domain's tokens its top expert receives): red = more specialised after
     the fine-tune, blue = less, white = unchanged; each cell says how many experts took the domain there.
@@ -210,7 +215,9 @@ def specialisation_change_heatmap(specialisation: pd.DataFrame) -> alt.Chart:
         )
     )
     text = base.mark_text(color="black", fontSize=11).encode(text=alt.Text("took_text:N"))
-    return (cells + text).properties(
+    return layered_chart(
+        cells,
+        text,
         title="Specialisation change per domain (number = experts that took it)",
         height=max(22 * len(order), 80),
         autosize=FIT_WIDTH,

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import altair as alt
 import pandas as pd
 
-from moeviz.charts._common import FIT_WIDTH, INK
+from moeviz.charts._common import FIT_WIDTH, INK, layered_chart
 from moeviz.charts.lab import FINETUNE_TITLES, RUN_COLOURS
 
 LESSON_METRICS = ("new_loss", "old_loss", "router_mismatch", "max_share")
@@ -81,6 +81,6 @@ def finetune_lesson_chart(
             .mark_rule(color=INK, strokeDash=[4, 3], opacity=0.6)
             .encode(y=alt.YDatum(float(reference)), tooltip=alt.value(f"even share 1/E: {reference:.3f}"))
         )
-    return alt.LayerChart(layer=layers, data=data).properties(
-        title=alt.Title(title, subtitle=subtitle), autosize=FIT_WIDTH, height=height
+    return layered_chart(
+        *layers, data=data, title=alt.Title(title, subtitle=subtitle), autosize=FIT_WIDTH, height=height
     )

@@ -105,10 +105,11 @@ def router_walkthrough_chart(
                 height=row_height * len(data),
             )
         )
-    return (
-        alt.hconcat(*panels, spacing=30)
-        .resolve_scale(x="independent")
-        .properties(title=alt.Title(title, fontSize=15))
+    return alt.hconcat(
+        *panels,
+        spacing=30,
+        resolve=alt.Resolve(scale=alt.ScaleResolveMap(x="independent")),
+        title=alt.Title(title, fontSize=15),
     )
 
 

@@ -437,6 +437,7 @@ def raster_heatmap(
     legend: alt.Legend | None = None,
     title: str | alt.Title | None = None,
     height: int = 400,
+    autosize: Any = alt.Undefined,
     value_format: str = ".4g",
     hover: np.ndarray | None = None,
 ) -> alt.LayerChart:
@@ -464,5 +465,6 @@ def raster_heatmap(
         value_format=value_format,
         hover=hover,
     )
-    chart = layered_chart(*parts)
-    return chart.properties(height=height, **({"title": title} if title is not None else {}))
+    return layered_chart(
+        *parts, height=height, autosize=autosize, title=alt.Undefined if title is None else title
+    )

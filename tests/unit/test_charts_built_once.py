@@ -1,16 +1,16 @@
 """The layered charts a Routing layer switch and a token's drill-down rebuild (at 256 experts × 58 layers) are
 each constructed once: altair constructs a layered chart again, deep-copying every layer twice, on any
 method called after it (`.properties`, `.resolve_scale`), so their top-level properties go in the layer call
-(`moeviz.charts._common.layered_chart`). The app's canvas switch sets its properties in place too."""
+(`moeviz.charts._common.layered_chart`). The app's canvas switch: tests/app/test_chart_files.py."""
 
 from __future__ import annotations
 
 import altair as alt
-import pandas as pd
+import numpy as np
 import pytest
 
 from moeviz.analysis import expert_balance_frame, token_scores_frame
-from moeviz.analysis.null import load_confidence
+from moeviz.analysis.null import expert_confidence_frame
 from moeviz.charts import (
     expert_load_curve_chart,
     router_score_heatmap,
@@ -18,9 +18,10 @@ from moeviz.charts import (
     token_rank_path_chart,
     token_strip_chart,
 )
+from moeviz.charts.attention import map_ramp
+from moeviz.charts.raster import raster_heatmap
 from moeviz.testing.scale_traces import synthetic_trace
 from moeviz.trace import Trace
-from tests.support.app import app_importable
 
 
 @pytest.fixture(scope="module")
@@ -56,20 +57,15 @@ CHARTS = {
     "load curve with bands": lambda t, layer: expert_load_curve_chart(
         expert_balance_frame(Trace(t.model, t.tokens, [layer])),
         highlight=3,
-        bands=bands(layer),
+        bands=expert_confidence_frame(Trace(t.model, t.tokens, [layer]), draws=20),
     ),
     "token scores": lambda t, layer: token_layer_scores_chart(token_scores_frame(t, 0, 5)),
     "rank path, raster": lambda t, layer: token_rank_path_chart(token_scores_frame(t, 0, 5), raster=True),
     "rank path, cells": lambda t, layer: token_rank_path_chart(token_scores_frame(t, 0, 5), raster=False),
+    "raster heatmap (the attention map's)": lambda t, layer: raster_heatmap(
+        np.eye(40), map_ramp("linear"), row_title="query", col_title="key", value_title="p", title="map"
+    ),
 }
-
-
-def bands(layer) -> pd.DataFrame:
-    band = load_confidence(layer, draws=20)
-    return pd.DataFrame(
-        {"expert": range(layer.num_experts), "share": band.share, "share_low": band.share_low,
-         "share_high": band.share_high}
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize("name", list(CHARTS))
@@ -84,16 +80,3 @@ def test_a_layered_chart_is_constructed_once(trace, constructions, name):
     # the control: a property set after the layer call constructs it again
     chart.properties(height=100)
     assert len(constructions) == before + 2
-
-
-def test_the_apps_canvas_switch_sets_its_properties_in_place(trace, constructions, monkeypatch):
-    app_importable(monkeypatch)
-    from components import exports
-
-    chart = CHARTS["load curve with bands"](trace, trace.layers[0])
-    before = len(constructions)
-    on_canvas = exports.many_marks(chart, exports.CANVAS_ABOVE + 1)
-    assert on_canvas is chart and len(constructions) == before
-    spec = on_canvas.to_dict(validate=False)
-    assert spec["usermeta"] == {"embedOptions": {"renderer": "canvas"}}
-    assert spec["config"]["aria"] is False
