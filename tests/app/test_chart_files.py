@@ -16,6 +16,7 @@ from moeviz.analysis import token_scores_frame
 from moeviz.charts import INK, token_rank_path_chart
 from moeviz.testing.scale_traces import synthetic_trace
 from tests.support.app import app_importable
+from tests.support.charts import count_layer_charts
 
 
 @pytest.fixture
@@ -80,14 +81,7 @@ def test_only_the_librarys_colours_are_swapped_and_never_in_the_data(exports):
 
 
 def test_the_canvas_switch_sets_its_properties_in_place(exports, monkeypatch):
-    made: list[alt.LayerChart] = []
-    construct = alt.LayerChart.__init__
-
-    def counted(self, *args, **kwargs):
-        made.append(self)
-        construct(self, *args, **kwargs)
-
-    monkeypatch.setattr(alt.LayerChart, "__init__", counted)
+    made = count_layer_charts(monkeypatch)
     layered = alt.layer(chart("Expert load").mark_line(), chart("Expert load").mark_point())
     before = len(made)
     on_canvas = exports.many_marks(layered, exports.CANVAS_ABOVE + 1)

@@ -22,6 +22,7 @@ from moeviz.charts.attention import map_ramp
 from moeviz.charts.raster import raster_heatmap
 from moeviz.testing.scale_traces import synthetic_trace
 from moeviz.trace import Trace
+from tests.support.charts import count_layer_charts
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +33,7 @@ def trace():
 
 @pytest.fixture
 def constructions(monkeypatch) -> list[alt.LayerChart]:
-    """Every LayerChart constructed while the test runs, in order."""
-    made: list[alt.LayerChart] = []
-    original = alt.LayerChart.__init__
-
-    def counted(self, *args, **kwargs):
-        made.append(self)
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(alt.LayerChart, "__init__", counted)
-    return made
+    return count_layer_charts(monkeypatch)
 
 
 CHARTS = {
