@@ -9,16 +9,19 @@ from `os.wait4`), and the ratio of each median to the peer's:
   `moeviz report` on a short prompt (peer: transformers alone loading the sample and running the prompt);
 - with `--base DIR`, the same commands from another checkout of moeviz (the previous version: `git worktree
   add /tmp/startup-base HEAD`), run in the same rounds;
-- with `--app`, the app's Routing page on the default sample in headless Debian Chromium, two new servers
-  for each repeat sharing a new cache folder (`MOEVIZ_CACHE_DIR`): the first start (nothing kept: it
-  captures the example prompt and keeps its routing) and a later start (the example kept: drawn without
-  torch, `moeviz.trace.kept`). Seconds from the launch to the server's health check answering, then from
-  opening its URL (at once) to its first paint (the page's title), to the page's own widgets (the input
-  picker), to its views drawn (`VIEWS`: every chart but the token's attention row), to the attention row
-  drawn (later, on a start that drew the page before torch) and to the end of the first run with every
-  chart drawn; from the launch to the views; with the server's CPU time up to the views; then a second
-  session's views on the same server (everything cached: what the page costs the browser alone). Each
-  checkout is byte-compiled first (`compiled`).
+- with `--app`, the app's Routing page on the default sample in headless Debian Chromium, three new servers
+  for each repeat: a first start on a new cache folder (`MOEVIZ_CACHE_DIR`; a new install: the example's
+  routing read from the sample's bundled file, `moeviz.models.bundled_examples`, or, in a version before it,
+  captured and kept), a later start on the same folder (the example kept, `moeviz.trace.kept`, or bundled),
+  and a start with keeping off (`MOEVIZ_CACHE_DIR=""`: nothing read from disk, the example captured, as for a
+  model of the user's the first time). Seconds from the launch to the server's health check answering, then
+  from opening its URL (at once) to its first paint (the page's title), to the page's own widgets (the input
+  picker), to its views drawn (`VIEWS`: every chart but the token's attention row), to the attention row drawn
+  (later, on a start that drew the page before torch) and to the end of the first run with every chart drawn;
+  from the launch to the views; with the server's CPU time up to the views; then a second session's views on
+  the same server in a new browser context (everything cached on the server; the browser's cache empty: what
+  the page costs the browser alone), and again in the first session's browser context (Streamlit's scripts in
+  its cache, as in a browser that opened the app before). Each checkout is byte-compiled first (`compiled`).
 
 The contenders run interleaved (each round runs every one once, the order rotated round by round) so the
 machine's load hits them alike; torch gets one thread (OMP_NUM_THREADS=1). On a shared machine wall time
@@ -199,10 +202,10 @@ def entry_script(tree: Path) -> str:
     return "app/serve.py" if (tree / "app" / "serve.py").is_file() else "app/streamlit_app.py"
 
 
-def first_page(tree: Path, browser, cache: Path) -> dict[str, float]:
-    """A new server from `tree` on a free port, keeping what it keeps in `cache`; once healthy, seconds
-    from opening its URL to each milestone of the Routing page's first run, and the server's CPU seconds
-    up to its end."""
+def first_page(tree: Path, browser, cache: Path | None) -> dict[str, float]:
+    """A new server from `tree` on a free port, keeping what it keeps in `cache` (None: keeping off); once
+    healthy, seconds from opening its URL to each milestone of the Routing page's first run, and the
+    server's CPU seconds up to its end."""
     from moeviz.cli import APP_FLAGS
     from tests.support.browser import charts_drawn, runs, wait_until_idle, watch
     from tests.support.server import free_port
@@ -214,14 +217,21 @@ def first_page(tree: Path, browser, cache: Path) -> dict[str, float]:
         *("--server.port", str(port), "--server.address", "127.0.0.1", "--server.fileWatcherType", "none"),
         *APP_FLAGS,
     ]
-    env = {**ENV, "MOEVIZ_DEFAULT_MODEL": SAMPLE, "PYTHONPATH": str(tree), "MOEVIZ_CACHE_DIR": str(cache)}
-    env.pop("MOEVIZ_MODEL_DIRS", None)
+    env = {
+        **ENV,
+        "MOEVIZ_DEFAULT_MODEL": SAMPLE,
+        "PYTHONPATH": str(tree),
+        "MOEVIZ_CACHE_DIR": str(cache or ""),
+    }
+    for name in ("MOEVIZ_MODEL_DIRS", "MOEVIZ_SAMPLE_MODELS"):
+        env.pop(name, None)
     with tempfile.TemporaryFile() as log:
         launched = time.perf_counter()
         server = subprocess.Popen(command, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_healthy(url, server, log)
-            page = watch(browser.new_page(viewport={"width": 1200, "height": 1000}))
+            first_browser = browser.new_context(viewport=VIEWPORT)
+            page = watch(first_browser.new_page())
             start = time.perf_counter()
             page.goto(url, wait_until="commit")
             milestones = {"server up (from launch)": start - launched}
@@ -239,13 +249,15 @@ def first_page(tree: Path, browser, cache: Path) -> dict[str, float]:
             charts_drawn(page, 300)
             milestones["run done, every chart drawn"] = time.perf_counter() - start
             page.close()
-            # the same page for a second session: nothing left to import, load or read (the browser's part)
-            page = watch(browser.new_page(viewport={"width": 1200, "height": 1000}))
-            again = time.perf_counter()
-            page.goto(url, wait_until="commit")
-            page.wait_for_function(VIEWS_DRAWN, timeout=300_000)
-            milestones["second session: views drawn"] = time.perf_counter() - again
-            page.close()
+            # the same page for a second session: nothing left to import, load or read (the browser's part),
+            # in a new browser (its cache empty), then in the first one (Streamlit's scripts cached)
+            for name, context in (("new", browser.new_context(viewport=VIEWPORT)), ("same", first_browser)):
+                page = watch(context.new_page())
+                again = time.perf_counter()
+                page.goto(url, wait_until="commit")
+                page.wait_for_function(VIEWS_DRAWN, timeout=300_000)
+                milestones[f"second session, {name} browser: views drawn"] = time.perf_counter() - again
+                context.close()
             return milestones
         finally:
             server.terminate()
@@ -267,7 +279,13 @@ def wait_healthy(url: str, server: subprocess.Popen, log, timeout_s: float = 120
     raise SystemExit(f"streamlit not healthy after {timeout_s} s")
 
 
-STARTS = ("first start (nothing kept)", "later start (example kept)")
+# each start's name -> whether keeping is on (a new cache folder per repeat, shared by its starts)
+STARTS = {
+    "first start (new install: nothing kept)": True,
+    "later start (example kept)": True,
+    "keeping off (the example captured)": False,
+}
+VIEWPORT = {"width": 1200, "height": 1000}
 
 
 def bench_app(base: Path | None, repeats: int, command: str) -> list[Figure]:
@@ -285,11 +303,14 @@ def bench_app(base: Path | None, repeats: int, command: str) -> list[Figure]:
         for r in range(repeats):
             for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
                 with tempfile.TemporaryDirectory() as cache:
-                    for start in STARTS:
-                        results[label, start].append(first_page(trees[label], browser, Path(cache)))
+                    for start, keeping in STARTS.items():
+                        kept = Path(cache) if keeping else None
+                        results[label, start].append(first_page(trees[label], browser, kept))
         browser.close()
-    print(f"\nApp: the Routing page's first run on a new server, {repeats} × 2 servers per version")
-    first = results[labels[0], STARTS[0]][0]
+    print(
+        f"\nApp: the Routing page's first run on a new server, {repeats} × {len(STARTS)} servers per version"
+    )
+    first = results[labels[0], next(iter(STARTS))][0]
     print(f"{'version, start':44} " + " ".join(f"{m + ' s':>24}" for m in first))
     figures = []
     for (label, start), runs_of in results.items():

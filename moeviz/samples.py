@@ -1,6 +1,6 @@
 """The committed held-out evaluation slices (`sample_models/eval/<domain>.txt`) and the fixed protocol
 that model cards and tests use to measure the sample models: the first `chunks` windows of `length`
-tokens of each domain, one sequence per window."""
+tokens of each domain, one sequence per window; and the example prompt the app opens on."""
 
 from __future__ import annotations
 
@@ -15,6 +15,11 @@ if TYPE_CHECKING:  # no torch at import: the app names the domains before it loa
     from moeviz.models.loading import LoadedModel
 
 DOMAINS = ("english", "python", "bible_en", "bible_es", "data")
+# The prompt the app opens on; its routing by each bundled sample ships with the sample
+# (`moeviz.models.bundled_examples`).
+EXAMPLE_PROMPT = (
+    "The for statement is used to iterate over the elements of a sequence (such as a string, tuple or list)."
+)
 
 
 def eval_dir() -> Path:

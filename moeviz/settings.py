@@ -26,7 +26,8 @@ SETTINGS_HELP = {
     "MOEVIZ_RASTER_ABOVE": "heatmaps with more cells are drawn as one image (default 4000)",
     "MOEVIZ_VLLM_PYTHON": "the python of the vLLM environment live captures run in (default: .venv-vllm)",
     "MOEVIZ_CACHE_DIR": "where the app keeps the example prompt's routing between servers (default: "
-    "$XDG_CACHE_HOME/moeviz, else ~/.cache/moeviz); set but empty = kept nowhere",
+    "$XDG_CACHE_HOME/moeviz, else ~/.cache/moeviz); set but empty = kept nowhere, and the bundled samples'"
+    " examples not read either",
 }
 
 
@@ -50,7 +51,7 @@ class Settings:
     vllm_python: Path | None = None  # None: the checkout's .venv-vllm (moeviz.engines.vllm)
     lab_memory_gib: float | None = None  # None: unset (moeviz.lab.budget's default)
     raster_above: int | None = None  # None: unset (moeviz.charts.raster's default)
-    cache_dir: Path | None = None  # None: nothing kept on disk (`MOEVIZ_CACHE_DIR` set but empty)
+    cache_dir: Path | None = None  # None: nothing kept or read on disk (`MOEVIZ_CACHE_DIR` set but empty)
 
 
 def current_settings() -> Settings:

@@ -1,8 +1,9 @@
 """The server-wide caches: one loaded model per model key, the captures per (model key, text), each
 session's trace copies and the Routing page's frames; and loading them with a progress bar.
 
-The example prompt's routing is also kept on disk per model key (`moeviz.trace.kept`): a new server shows it
-without loading torch or the model (the first page), which load when a view needs them.
+The example prompt's routing is also kept on disk per model key (`moeviz.trace.kept`), and ships with the
+bundled samples (`moeviz.models.bundled_examples`): a new server shows it without loading torch or the
+model (the first page), which load when a view needs them.
 
 A model key is the source plus its load options (`load_options`: dtype, device, device map), so loads at
 two dtypes never share a model or a capture. One loaded model per key is kept for the whole server process
@@ -27,6 +28,7 @@ from components.routing_frames import RoutingFrames, ScaleFrames, frames_for
 from components.trace_cache import SharedResults, TraceCache
 from moeviz.analysis.null import load_confidence
 from moeviz.attention import AttentionCapture
+from moeviz.models.bundled_examples import bundled_trace
 from moeviz.models.sources import resolve_source
 from moeviz.samples import DOMAINS, eval_batch
 from moeviz.trace.finite import routing_warning
@@ -86,31 +88,36 @@ def captured(source: str, text: str, progress: Callable[[int, int], None] | None
     return captures().get(source, text, progress)
 
 
-def example_key(source: str, text: str) -> str | None:
-    """The disk key of the routing of `text` by the model key `source` (`moeviz.trace.kept.trace_key`) when
-    `text` is the example prompt; None for any other text (only the example is kept: the first page's)."""
+def example_folder(source: str, text: str) -> Path | None:
+    """The model folder of the model key `source` when `text` is the example prompt; None for any other
+    text (only the example is kept or bundled: the first page's)."""
     if text != prompt.EXAMPLE_PROMPT:
         return None
     model_source, _ = load_options.split_key(source)
-    return trace_key(resolve_source(access.check_source(model_source)), text, options=source)
+    return resolve_source(access.check_source(model_source))
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def kept_example(source: str, text: str) -> moeviz.Trace | None:
-    """The routing of `text` by the model key `source` kept on disk (`example_key`), or None; looked up once
-    per server (a capture made later is the same routing, and the caches keep it)."""
-    key = example_key(source, text)
-    return None if key is None else kept_trace(key)
+    """The routing of `text` by the model key `source` kept on disk (`moeviz.trace.kept`) or bundled with
+    the sample (`moeviz.models.bundled_examples`), or None; looked up once per server (a capture made later
+    is the same routing, and the caches keep it)."""
+    folder = example_folder(source, text)
+    if folder is None:
+        return None
+    kept = kept_trace(trace_key(folder, text, options=source))
+    return kept if kept is not None else bundled_trace(folder, text, options=source)
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def keep_example(source: str, text: str) -> Path | None:
     """Keep the routing of `text` just captured on disk when it is the example prompt's (once per server
     and key); the file, or None."""
-    key = example_key(source, text)
-    if key is None:
+    folder = example_folder(source, text)
+    if folder is None:
         return None
-    return keep_trace(key, dataclasses.replace(captured(source, text), attention=None))
+    trace = dataclasses.replace(captured(source, text), attention=None)
+    return keep_trace(trace_key(folder, text, options=source), trace)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-EXAMPLE_PROMPT = (
-    "The for statement is used to iterate over the elements of a sequence (such as a string, tuple or list)."
-)
+from moeviz.samples import EXAMPLE_PROMPT
+
 # Bytes of an uploaded prompt file: 1 MiB. The server's own limit (`server.maxUploadSize` in
 # moeviz.cli.APP_FLAGS) is set above it, so that a larger file reaches the form and is refused here, with
 # the reason.

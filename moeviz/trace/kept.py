@@ -34,11 +34,12 @@ def _versions() -> dict[str, str]:
     # a checkout's version stays put while its code changes: its newest source file stands in for a commit
     package = Path(__file__).resolve().parents[1]
     newest = max(path.stat().st_mtime_ns for path in package.rglob("*.py"))
-    moeviz = f"{_installed('moeviz')} (source {newest})"
-    return {"moeviz": moeviz, "torch": _installed("torch"), "transformers": _installed("transformers")}
+    moeviz = f"{installed('moeviz')} (source {newest})"
+    return {"moeviz": moeviz, "torch": installed("torch"), "transformers": installed("transformers")}
 
 
-def _installed(distribution: str) -> str:
+def installed(distribution: str) -> str:
+    """The installed version of `distribution`, or "absent"."""
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:

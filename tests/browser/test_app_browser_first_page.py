@@ -1,7 +1,8 @@
-"""A later server's first page in Chromium: with the example prompt's routing kept by an earlier server
-(`moeviz.trace.kept`), the Routing page draws its views before torch is imported, and the token's attention
-row, which waits for the import (saying so after half a second), follows in the same run; nothing reruns
-after it."""
+"""A new install's first page in Chromium: from the example prompt's routing bundled with the sample
+(`moeviz.models.bundled_examples`; a model's kept routing, `moeviz.trace.kept`, is drawn the same way:
+tests/app/test_app_first_page.py) the Routing page draws its views before torch is imported, and the token's
+attention row, which waits for the import (saying so after half a second), follows in the same run; nothing
+reruns after it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from tests.support.browser import (
     VIEWPORT,
     assert_no_error,
     charts_drawn,
-    open_app,
     runs,
     wait_until_idle,
     watch,
@@ -27,11 +27,8 @@ PENDING = "Loading torch and transformers to recompute this token's attention"
 VIEWS = ("heatmap", "token_scores", "load")
 
 
-def test_a_later_servers_first_page_then_its_attention_row(browser: Browser, tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("MOEVIZ_CACHE_DIR", str(tmp_path))
-    with running_app(MODEL) as url:  # the first server captures the example and keeps its routing
-        open_app(browser, url).close()
-    assert len(list((tmp_path / "traces").glob("*.parquet"))) == 1
+def test_a_new_installs_first_page_then_its_attention_row(browser: Browser, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("MOEVIZ_CACHE_DIR", str(tmp_path))  # nothing kept yet; bundled examples read
     with running_app(MODEL) as url:
         page = watch(browser.new_page(viewport=VIEWPORT))
         page.goto(url, wait_until="domcontentloaded")
@@ -53,3 +50,4 @@ def test_a_later_servers_first_page_then_its_attention_row(browser: Browser, tmp
         time.sleep(3)
         assert counter.finished == finished  # nothing reruns once the row is drawn
         page.close()
+    assert not (tmp_path / "traces").exists()  # drawn from the package's file, nothing kept

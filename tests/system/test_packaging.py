@@ -84,6 +84,7 @@ def test_wheel_ships_the_app_the_samples_and_the_docs_the_app_reads(tmp_path):
     assert any("/_app/pages/" in n for n in app)
     assert "moeviz/_sample_models/mixtral-healthy/model.safetensors" in samples
     assert "moeviz/_sample_models/mixtral-healthy/tokenizer.json" in samples
+    assert "moeviz/_sample_models/examples/manifest.json" in samples  # the first page's routing
     assert app | samples <= names, sorted((app | samples) - names)[:10]
     # of docs/, exactly the files the app reads: no screenshots, no other page
     docs = {n for n in names if n.startswith("moeviz/_docs/")}
