@@ -341,13 +341,12 @@ def main() -> None:
     sys.path.insert(0, str(REPO))  # the browser helpers live with the tests
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     command = f"python benchmarks/bench_startup.py{flags(parser, args)}"
-    figures = []
+    # one results file per part: a run of one part leaves the other's figures as they were measured
     if not args.no_cli:
-        figures += bench_cli(base, args.repeats, command)
+        record("startup", bench_cli(base, args.repeats, command), render=not args.app)
     if args.app:
-        figures += bench_app(base, args.repeats, command)
+        record("startup_app", bench_app(base, args.repeats, command))
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
-    record("startup", figures)
 
 
 if __name__ == "__main__":
