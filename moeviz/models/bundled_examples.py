@@ -16,17 +16,16 @@ empty: set empty, every example is captured). No torch.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
-import os
 import platform
 from pathlib import Path
 
 from moeviz.errors import TraceFormatError
 from moeviz.models.sources import sample_models_dir
 from moeviz.settings import current_settings
+from moeviz.trace.atomic import writing_atomically
 from moeviz.trace.kept import folder_files, installed
 from moeviz.trace.model import Trace
 from moeviz.trace.parquet import TRACE_FORMAT
@@ -53,7 +52,10 @@ def content_facts(folder: str | Path, text: str, options: str = "") -> dict:
 
 def content_key(folder: str | Path, text: str, options: str = "") -> str:
     """The hex SHA-256 of `content_facts`."""
-    facts = content_facts(folder, text, options)
+    return _key(content_facts(folder, text, options))
+
+
+def _key(facts: dict) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
@@ -103,14 +105,7 @@ def bundle_trace(folder: str | Path, text: str, options: str, trace: Trace) -> P
     examples_dir().mkdir(exist_ok=True)
     path = trace.to_parquet(examples_dir() / f"{folder.name}.parquet")
     facts = content_facts(folder, text, options)
-    entry = {"file": path.name, "key": content_key(folder, text, options), "facts": facts}
-    manifest = {**_manifest(), folder.name: entry}
-    target = examples_dir() / MANIFEST
-    partial = target.with_name(f".{MANIFEST}.{os.getpid()}.partial")
-    try:
-        partial.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-        partial.replace(target)
-    finally:
-        with contextlib.suppress(OSError):
-            partial.unlink()
+    manifest = {**_manifest(), folder.name: {"file": path.name, "key": _key(facts), "facts": facts}}
+    with writing_atomically(examples_dir() / MANIFEST) as handle:
+        handle.write((json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
     return path

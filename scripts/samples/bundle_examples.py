@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# One thread: its summation order is the suite's (tests/conftest.py) and the same on any machine of a vector
-# width; more threads split sums differently (3.5e-7 apart in a logit measured between 1 and 2 here).
+# One thread: the suite's summation order (tests/conftest.py), the same on every machine of one vector width;
+# more threads split sums differently (3.5e-7 apart in a logit measured between 1 and 2 here).
 os.environ["OMP_NUM_THREADS"] = "1"
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "app"))  # the app's capture, exactly: components.trace_cache (no Streamlit)
