@@ -34,7 +34,7 @@ from moeviz.whatif.model_size import (
     known_model_size,
     model_size,
 )
-from moeviz.whatif.offload import hit_rate_curve, simulate_offload
+from moeviz.whatif.offload import hit_rate_curve, simulate_offload_policies
 from moeviz.whatif.routes import Routes, routes_from_store, routes_from_trace, sequence_token_ids
 
 DOC = "docs/deployment-whatifs.md"  # where the definitions are, as the page names it
@@ -277,10 +277,8 @@ def offload_whatif(
     bandwidth: float,
 ):
     """{policy: OffloadResult} at one cache size, experts of `size` bytes over `bandwidth` GB/s."""
-    return {
-        policy: simulate_offload(_routes, cache, policy, expert_bytes=size, bandwidth_gbps=bandwidth)
-        for policy in policies
-    }
+    results = simulate_offload_policies(_routes, cache, policies, expert_bytes=size, bandwidth_gbps=bandwidth)
+    return dict(zip(policies, results, strict=True))
 
 
 CURVE_POINTS = 25  # cache sizes the hit-rate curve is drawn at, at most

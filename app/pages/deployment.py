@@ -317,14 +317,6 @@ if offload_tab.open is not False and routes is not None:
                 results = deployment.offload_whatif(
                     source, input_key, routes, cache, tuple(policies), expert_size, float(bandwidth)
                 )
-                curve = deployment.offload_curve(
-                    source,
-                    input_key,
-                    routes,
-                    deployment.curve_caches(k, experts),
-                    tuple(policies),
-                    expert_size,
-                )
             columns = st.columns(len(results))
             for column, (policy, result) in zip(columns, results.items(), strict=True):
                 column.metric(
@@ -332,7 +324,7 @@ if offload_tab.open is not False and routes is not None:
                     f"{result.hit_rate:.1%}",
                     help=f"Tokens/s bound from the stalls alone: {result.tokens_per_s_bound:,.0f}",
                 )
-            exports.show_chart(hit_rate_curve_chart(curve), "offload_hit_rate")
+            curve_place = st.container()  # filled last: the curve replays every cache size
             steps = pd.concat([r.steps_frame().assign(policy=p) for p, r in results.items()])
             exports.show_chart(cumulative_bytes_chart(steps), "offload_bytes")
             st.caption(
@@ -342,6 +334,17 @@ if offload_tab.open is not False and routes is not None:
             layers = pd.concat([r.layers_frame() for r in results.values()], ignore_index=True)
             st.dataframe(layers, hide_index=True)
             exports.table_downloads(layers, "offload_layers")
+            with curve_place, stop_on_error():
+                with st.spinner("Replaying every cache size for the hit-rate curve…"):
+                    curve = deployment.offload_curve(
+                        source,
+                        input_key,
+                        routes,
+                        deployment.curve_caches(k, experts),
+                        tuple(policies),
+                        expert_size,
+                    )
+                exports.show_chart(hit_rate_curve_chart(curve), "offload_hit_rate")
             exports.table_downloads(curve, "offload_hit_rate_curve")
             deployment.definitions(
                 "Offloading",

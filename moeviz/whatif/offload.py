@@ -11,11 +11,11 @@ overlap: an upper bound). Policies:
 - ``belady``: evict the farthest next use within the sequence (never again = infinitely far), ties → lowest
   id.
 
-Every (layer, sequence) pair is an independent cache, so all of them are simulated at once: the only
-Python loop runs over the step index within a sequence. Because the victim is never in R_s and the step's
-own loads are never evicted, the m misses of a step evict exactly the m smallest eviction keys among the
-other residents, whatever order they load in; each policy packs its tie-breaks into one int64 key so an
-argmin decides.
+Every (layer, sequence) pair is an independent cache, so all of them are simulated at once, and a hit-rate
+curve's nearby cache sizes too: the only Python loop runs over the step index within a sequence. Because the
+victim is never in R_s and the step's own loads are never evicted, the m misses of a step evict exactly the
+m smallest eviction keys among the other residents, whatever order they load in; each policy packs its
+tie-breaks into one int64 key (unique within a cache) so a min decides.
 """
 
 from __future__ import annotations
@@ -158,51 +158,71 @@ def _next_use(prep: _Prepared) -> np.ndarray:
     return out
 
 
-def _simulate(prep: _Prepared, cache: int, policy: OffloadPolicy) -> tuple[np.ndarray, np.ndarray]:
-    """(misses [B] per row, misses [T] per step summed over rows).
+def _simulate(prep: _Prepared, caches: Sequence[int], policy: OffloadPolicy) -> tuple[np.ndarray, np.ndarray]:
+    """(misses [G, B] per row, misses [G, T] per step summed over rows) at each of the G cache sizes.
 
-    State is slot-major so every per-step reduction runs over the long row axis: slot_key [S, B] holds
-    key·S + slot (the argmin is the min, victim = min mod S), free slots −S..−1 (filled before any eviction);
-    slot_of [B·E + 1] maps (row, expert) to its slot or −1; slot_expert [S, B] maps back."""
-    rows, experts, k, dummy = prep.rows, prep.experts, prep.k, prep.dummy
-    longest = prep.flat.shape[0]
-    slots = min(cache, experts)  # more slots than experts never fill
-    slot_of = np.full(dummy + 1, -1, dtype=np.intp)
-    slot_expert = np.full((slots, rows), dummy, dtype=np.intp)
-    slot_key = np.repeat(np.arange(-slots, 0, dtype=np.int64)[:, None], rows, axis=1)
+    The G caches are replayed together: prepared row b at cache g is row r = b·G + g, so the rows still
+    decoding at a step stay a prefix. State is slot-major so every per-step reduction runs over the long row
+    axis: slot_key [S + 1, R] holds key·S + slot (the min is the victim, its slot = min mod S), free slots
+    −S..−1 (filled before any eviction), slots past the row's cache size _PROTECTED (never free nor a
+    victim). The last slot is a sink for the writes of dropped slots and of misses before they have a slot,
+    so no write needs a mask. slot_of maps (row, expert) = r·E + e to its slot or −1, and a dropped slot to
+    the sink; slot_expert [S + 1, R] maps back. A step's m misses in a row evict the row's m smallest keys.
+    """
+    experts, k, longest = prep.experts, prep.k, prep.flat.shape[0]
+    width = len(caches)
+    rows = prep.rows * width
+    dropped = rows * experts  # + g·E: a dropped slot at cache g
+    free = dropped + width * experts  # slot_expert of a free slot
+    capacity = np.minimum(np.asarray(caches, dtype=np.int64), experts)  # more slots than experts never fill
+    slots = int(capacity.max())
+    slot_of = np.full(free + 1, -1, dtype=np.intp)
+    slot_of[dropped:free] = slots
+    slot_expert = np.full((slots + 1, rows), free, dtype=np.intp)
+    slot_key = np.repeat(np.arange(-slots, 1, dtype=np.int64)[:, None], rows, axis=1)
+    slot_key[np.arange(slots + 1)[:, None] >= np.tile(capacity, prep.rows)[None, :]] = _PROTECTED
     keys_flat, expert_flat = slot_key.reshape(-1), slot_expert.reshape(-1)
-    counts = np.zeros(dummy + 1, dtype=np.int64) if policy == "lfu" else None
+    counts = np.zeros(free + 1, dtype=np.int64) if policy == "lfu" else None
     nxt = _next_use(prep) if policy == "belady" else None
     lru_span = (longest + 1) * 2 * k  # room for every recency key below it: packs (count, recency) for LFU
+    flat = prep.flat  # row b's expert e at cache g: (b·G + g)·E + e, so b·G·E + e, then g·E per cache
+    if width > 1:
+        flat = np.where(flat == prep.dummy, dropped, flat // experts * width * experts + flat % experts)
+    shift = (np.arange(width) * experts)[None, :, None]
     row_misses = np.zeros(rows, dtype=np.int64)
-    step_misses = np.zeros(longest, dtype=np.int64)
+    step_misses = np.zeros((width, longest), dtype=np.int64)
     col = np.arange(k)
     for t in range(longest):
         na = int(prep.active[t])
-        f = prep.flat[t, :na]  # [na, k]
-        row = np.arange(na)
-        valid = f != dummy
+        active = na * width
+        f = flat[t, :na] if width == 1 else (flat[t, :na, None, :] + shift).reshape(active, k)
+        row = np.arange(active)[:, None]
         slot = slot_of[f]
-        miss = valid & (slot < 0)
-        for j in range(k):  # column by column: reductions over a short last axis are slow in numpy
-            row_misses[:na] += miss[:, j]
-        step_misses[t] = int(np.count_nonzero(miss))
-        hit = valid & ~miss
-        keys_flat[(slot * rows + row[:, None])[hit]] = _PROTECTED  # the step's hits are never victims
-        for j in range(k):
+        miss = slot < 0
+        missed = miss[:, 0].astype(np.int64)
+        for j in range(1, k):  # column by column: reductions over a short last axis are slow in numpy
+            missed += miss[:, j]
+        row_misses[:active] += missed
+        step_misses[:, t] = missed.reshape(na, width).sum(0)
+        keys_flat[slot * rows + row] = _PROTECTED  # the step's hits are never victims (a miss's −1: the sink)
+        for j in range(k):  # the misses of column j, ascending id, each take the smallest key left
             who = np.flatnonzero(miss[:, j])
             if len(who) == 0:
                 continue
-            victim = slot_key[:, :na].min(0)[who] % slots
+            if 8 * len(who) >= active:  # many rows: one reduction beats copying their keys out
+                smallest = slot_key[:slots, :active].min(0)[who]
+            else:
+                smallest = slot_key[:slots, who].min(0)
+            victim = smallest % slots
             at = victim * rows + who
-            keys_flat[at] = _PROTECTED  # the step's own loads are never victims either
+            keys_flat[at] = _PROTECTED  # taken (its new key comes at the end of the step)
             slot_of[expert_flat[at]] = -1
             expert_flat[at] = f[who, j]
             slot_of[f[who, j]] = victim
             slot[who, j] = victim
-        new = _keys(policy, t, f, miss, col, k, lru_span, counts, experts, longest, nxt, na)
-        keys_flat[(slot * rows + row[:, None])[valid]] = (new * slots + slot)[valid]
-    return row_misses, step_misses
+        new = _keys(policy, t, f, miss, col, k, lru_span, counts, experts, longest, nxt, na, width)
+        keys_flat[slot * rows + row] = new * slots + slot
+    return row_misses.reshape(prep.rows, width).T, step_misses
 
 
 def _keys(
@@ -218,12 +238,14 @@ def _keys(
     longest: int,
     nxt: np.ndarray | None,
     na: int,
+    width: int,
 ) -> np.ndarray:
-    """[na, k] int64 eviction keys after step t's accesses; the smallest key is evicted first."""
+    """[na·width, k] int64 eviction keys after step t's accesses (each of the na rows once per cache size);
+    the smallest key is evicted first."""
     if policy == "belady":
         assert nxt is not None  # the caller computes next uses for belady
         # farthest next use first, never again (= longest) before all, ties → lowest id
-        return (longest - nxt[t, :na].astype(np.int64)) * experts + f % experts
+        return np.repeat(longest - nxt[t, :na].astype(np.int64), width, axis=0) * experts + f % experts
     # recency: step t, hits (ascending id) before misses (ascending id), as mixtral-offloading touches them
     recency = t * 2 * k + miss * k + col
     if policy == "lru":
@@ -338,22 +360,43 @@ def _check(prep: _Prepared, cache: int, policy: OffloadPolicy) -> None:
         )
 
 
-def _result(prep: _Prepared, cache: int, policy: OffloadPolicy, **costs) -> OffloadResult:
-    _check(prep, cache, policy)
-    row_misses, step_misses = _simulate(prep, cache, policy)
+_GROUP_SPAN = 4  # sizes up to 4× a group's smallest replayed together (2× or all at once: slower)
+_GROUP_CELLS = 1 << 24  # (rows × cache sizes) × experts replayed at once: bounds the state's memory
+
+
+def _results(prep: _Prepared, caches: Sequence[int], policy: OffloadPolicy, **costs) -> list[OffloadResult]:
+    """One result per cache size, in the order of `caches`. Nearby cache sizes are replayed together, which
+    shares the per-step work of numpy calls; not all at once, since a row's slots past its size stay idle
+    but are still scanned (8 beside 256: 32× the slots)."""
+    for cache in caches:
+        _check(prep, cache, policy)
+    ordered = sorted(set(caches))
+    most = max(1, _GROUP_CELLS // (prep.rows * prep.experts))
+    groups: list[list[int]] = []
+    for cache in ordered:
+        if groups and cache <= _GROUP_SPAN * groups[-1][0] and len(groups[-1]) < most:
+            groups[-1].append(cache)
+        else:
+            groups.append([cache])
     count = len(prep.layers)
-    return OffloadResult(
-        model=prep.model,
-        tokens=prep.tokens,
-        policy=policy,
-        cache=cache,
-        layers=prep.layers,
-        steps=prep.steps,
-        requested=np.bincount(prep.row_layer, weights=prep.requested, minlength=count).astype(np.int64),
-        misses=np.bincount(prep.row_layer, weights=row_misses, minlength=count).astype(np.int64),
-        step_misses=step_misses,
-        **costs,
-    )
+    requested = np.bincount(prep.row_layer, weights=prep.requested, minlength=count).astype(np.int64)
+    done = {}
+    for group in groups:
+        row_misses, step_misses = _simulate(prep, group, policy)
+        for cache, misses, steps in zip(group, row_misses, step_misses, strict=True):
+            done[cache] = OffloadResult(
+                model=prep.model,
+                tokens=prep.tokens,
+                policy=policy,
+                cache=cache,
+                layers=prep.layers,
+                steps=prep.steps,
+                requested=requested,
+                misses=np.bincount(prep.row_layer, weights=misses, minlength=count).astype(np.int64),
+                step_misses=steps,
+                **costs,
+            )
+    return [done[cache] for cache in caches]
 
 
 def simulate_offload(
@@ -394,7 +437,7 @@ def simulate_offload_policies(
         "bandwidth_gbps": float(bandwidth_gbps),
         "step_time_s": step_time_s,
     }
-    return [_result(prep, cache, policy, **costs) for policy in policies]
+    return [_results(prep, [cache], policy, **costs)[0] for policy in policies]
 
 
 def hit_rate_curve(
@@ -409,15 +452,15 @@ def hit_rate_curve(
     prep = _prepare(routes)
     rows = []
     for policy in policies:
-        for cache in caches:
-            result = _result(
-                prep,
-                int(cache),
-                policy,
-                expert_bytes=int(expert_bytes or 0),
-                bandwidth_gbps=16.0,
-                step_time_s=None,
-            )
+        results = _results(
+            prep,
+            [int(c) for c in caches],
+            policy,
+            expert_bytes=int(expert_bytes or 0),
+            bandwidth_gbps=16.0,
+            step_time_s=None,
+        )
+        for cache, result in zip(caches, results, strict=True):
             per_layer = result.layers_frame()["hit_rate"]
             misses = int(result.misses.sum())
             rows.append(

@@ -95,6 +95,31 @@ def test_vectorised_equals_reference(policy, seed):
         assert result.step_misses.tolist() == [per_step[t] for t in range(len(per_step))]
 
 
+@pytest.mark.parametrize("group_cells", [None, 1])
+@pytest.mark.parametrize("seed", range(4))
+def test_hit_rate_curve_equals_reference_at_every_cache(seed, group_cells, monkeypatch):
+    """The curve replays cache sizes within 4× of each other together (and one at a time when the state's
+    memory bound says so): each size's misses equal the per-step reference's."""
+    import moeviz.whatif.offload as offload
+
+    if group_cells is not None:
+        monkeypatch.setattr(offload, "_GROUP_CELLS", group_cells)
+    rng = np.random.default_rng(100 + seed)
+    experts, k = int(rng.integers(6, 24)), int(rng.integers(1, 4))
+    layers = random_layers(rng, 3, experts, k)
+    caches = [*range(experts + 2, k - 1, -1), k + 1]  # descending, one size twice, one past E
+    curve = hit_rate_curve(steps_routes(layers, experts), caches, expert_bytes=3)
+    assert curve["cache"].tolist() == caches * len(POLICIES)
+    for row in curve.itertuples():
+        per_layer = [[reference(steps, row.cache, row.policy) for steps in seqs] for seqs in layers]
+        misses = [sum(map(sum, ref)) for ref in per_layer]
+        requested = [sum(len({e for e in s if e >= 0}) for steps in seqs for s in steps) for seqs in layers]
+        assert row.misses == sum(misses) and row.bytes == 3 * sum(misses), (row.policy, row.cache)
+        assert row.hit_rate == pytest.approx(1 - sum(misses) / sum(requested), abs=1e-12)
+        rates = [1 - m / r for m, r in zip(misses, requested, strict=True)]
+        assert row.layer_mean_hit_rate == pytest.approx(np.mean(rates), abs=1e-12)
+
+
 # Hand-worked, cache of 2, one seq, k = 1 (expert per step), H = hit, M = miss:
 #   steps   0 1 0 2 0 1 1 2
 #   LRU:    M M H M(evicts 1) H M(evicts 2) H M(evicts 0)          -> 3 hits
