@@ -4,7 +4,8 @@ Targets: expert parallelism < 2 s (also at E = 256 on 32 GPUs with 32 redundant 
 policies at one C < 5 s, capacity replay for 4 CFs < 2 s. CPU time (`time.process_time`, one torch/numpy
 thread) over 3 interleaved repeats, median and spread. The capacity replay also runs as it was at `--baseline`
 (a git revision), side by side on the same routes, with the ratio of the medians; its three frames, under both
-drop policies, must be identical to the baseline's (checked and recorded).
+drop policies, must be identical to the baseline's (checked and recorded). So does the offloading replay
+at `--offload-baseline`, its misses (every layer and step) identical.
 The routing is synthetic but shaped like real routing: Zipf-skewed expert popularity and temporal locality
 (a token repeats its predecessor's experts half of the time), so caches and placements have something to
 find. Reading the store into `Routes` is timed separately.
@@ -47,6 +48,7 @@ CHUNK = 65536
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = "52d47fb"  # the revision before the capacity replay counted drops by level
 CAPACITY_BASELINE = "3f7f090"  # the capacity replay before it sorted packed keys a few groups at a time
+OFFLOAD_BASELINE = "867f6e5"  # the offloading replay before it batched cache sizes
 TARGETS = {"expert parallelism": 2.0, "offload cache": 5.0, "capacity replay": 2.0}  # s, by name prefix
 
 
@@ -149,6 +151,7 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=None, help="default 4 (2 when E is not a multiple)")
     parser.add_argument("--gpus-per-node", type=int, default=2)
     parser.add_argument("--baseline", default=CAPACITY_BASELINE, help="git revision to compare with")
+    parser.add_argument("--offload-baseline", default=OFFLOAD_BASELINE, help="git revision for offloading")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -159,20 +162,23 @@ def main() -> None:
             read.append(timed(lambda: routes_from_store(root)))
         routes = routes_from_store(root)
     old_capacity = baseline_module(args.baseline, "moeviz/whatif/capacity.py")
+    old_offload = baseline_module(args.offload_baseline, "moeviz/whatif/offload.py")
     gpus = args.gpus or (4 if args.experts % 4 == 0 else 2)
     ep = EPConfig(gpus=gpus, gpus_per_node=args.gpus_per_node, hidden_size=4096)
     eplb = EPConfig(
         gpus=gpus, gpus_per_node=args.gpus_per_node, redundant=gpus, placement="eplb", hidden_size=4096
     )
     cfs = (1.0, 1.25, 1.5, 2.0)
-    old = f" [{args.baseline}]"
+    old, old_offloading = f" [{args.baseline}]", f" [{args.offload_baseline}]"
+    offloading = f"offload cache C={args.cache}, {len(POLICIES)} policies ({', '.join(POLICIES)})"
     contenders = {
         f"expert parallelism, contiguous, {gpus} GPUs": lambda: simulate_ep(routes, ep),
         f"expert parallelism, EPLB fit + replay, {gpus} GPUs + {gpus} redundant": lambda: simulate_ep(
             routes, eplb
         ),
-        f"offload cache C={args.cache}, {len(POLICIES)} policies ({', '.join(POLICIES)})": lambda: (
-            simulate_offload_policies(routes, args.cache, POLICIES)
+        offloading: lambda: simulate_offload_policies(routes, args.cache, POLICIES),
+        offloading + old_offloading: lambda: old_offload.simulate_offload_policies(
+            routes, args.cache, POLICIES
         ),
         "capacity replay, 4 CFs (probs)": lambda: replay_capacity(routes, cfs, policy="probs"),
         f"capacity replay, 4 CFs (probs){old}": lambda: old_capacity.replay_capacity(
@@ -189,6 +195,17 @@ def main() -> None:
         )
         for p in ("probs", "position")
     )
+    peers = {f"{name}{old}": name for name in contenders if f"{name}{old}" in contenders}
+    peers[offloading + old_offloading] = offloading  # each baseline beside today's, not a contender
+    same_offload = all(
+        np.array_equal(getattr(new, array), getattr(was, array))
+        for new, was in zip(
+            simulate_offload_policies(routes, args.cache, POLICIES),
+            old_offload.simulate_offload_policies(routes, args.cache, POLICIES),
+            strict=True,
+        )
+        for array in ("misses", "step_misses")
+    )
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(3):  # interleaved
         for name, run in contenders.items():
@@ -200,14 +217,12 @@ def main() -> None:
     for name, values in {"read the store into Routes": read, **times}.items():
         spread = f"{min(values):.2f}–{max(values):.2f}"
         ratio = ""
-        if name.endswith(old):
-            ratio = (
-                f"; today's is {statistics.median(times[name[: -len(old)]]) / statistics.median(values):.2f}×"
-            )
+        if name in peers:
+            ratio = f"; today's is {statistics.median(times[peers[name]]) / statistics.median(values):.2f}×"
         print(f"  {name}: {statistics.median(values):.2f} s CPU (spread {spread}){ratio}")
         median = statistics.median(values)
         target = next((limit for prefix, limit in TARGETS.items() if name.startswith(prefix)), None)
-        if name.endswith(old):
+        if name in peers:
             target = None  # the baseline is the peer, not a contender for the target
         figures.append(
             Figure(
@@ -223,6 +238,12 @@ def main() -> None:
     print(f"  {identical}: {same}")
     answer = "identical" if same else "DIFFERENT"
     figures.append(Figure("Deployment what-ifs", f"{identical}, {shape}", answer, command, "identical", same))
+    identical = f"offload misses (every layer and step, 3 policies) = [{args.offload_baseline}]'s"
+    print(f"  {identical}: {same_offload}")
+    answer = "identical" if same_offload else "DIFFERENT"
+    figures.append(
+        Figure("Deployment what-ifs", f"{identical}, {shape}", answer, command, "identical", same_offload)
+    )
     record("whatif" if args.experts == 8 else f"whatif_e{args.experts}", figures)
 
 

@@ -32,7 +32,7 @@ import streamlit.logger
 import torch
 from record import Figure, flags, record
 
-from benchmarks.bench_whatif import BASELINE, baseline_module
+from benchmarks.bench_whatif import BASELINE, OFFLOAD_BASELINE, baseline_module
 from moeviz.capture.forward import capture
 from moeviz.models.loading import load_model
 from moeviz.whatif import offload
@@ -44,8 +44,6 @@ from tests.support.scale_models import save_scale_model
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))  # the app's building blocks
 streamlit.logger.get_logger("streamlit.runtime.caching.cache_data_api").setLevel(logging.ERROR)  # no runtime
 from components.deployment import curve_caches  # noqa: E402
-
-OFFLOAD_BASELINE = "867f6e5"  # the replay before it batched nearby cache sizes
 
 
 def offload_tab(module, routes, cache: int, caches: tuple[int, ...]):

@@ -245,7 +245,10 @@ def _keys(
     if policy == "belady":
         assert nxt is not None  # the caller computes next uses for belady
         # farthest next use first, never again (= longest) before all, ties → lowest id
-        return np.repeat(longest - nxt[t, :na].astype(np.int64), width, axis=0) * experts + f % experts
+        farthest = longest - nxt[t, :na].astype(np.int64)
+        if width > 1:
+            farthest = np.repeat(farthest, width, axis=0)
+        return farthest * experts + f % experts
     # recency: step t, hits (ascending id) before misses (ascending id), as mixtral-offloading touches them
     recency = t * 2 * k + miss * k + col
     if policy == "lru":
