@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -44,6 +43,7 @@ import moeviz
 from benchmarks.bench_app import _WAIT_JS as WAIT_JS
 from benchmarks.bench_app import SETTLE_MS, TIMEOUT_MS, WATCH_JS, caption_says, prompts, submit
 from benchmarks.bench_app_scale import _QUIET_JS, App, app_server
+from benchmarks.bench_attention_page import stat
 from benchmarks.record import Figure, record
 from tests.support.scale_models import save_scale_model
 
@@ -150,10 +150,6 @@ def deployment_round(app: App, text: str) -> dict[str, dict[str, float]]:
     tab("Expert parallelism")()
     page.evaluate(WAIT_JS, [drawn(*EP_CHARTS), TIMEOUT_MS])
     return out
-
-
-def stat(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} s ({min(values):.2f}–{max(values):.2f})"
 
 
 def main() -> None:
