@@ -408,6 +408,15 @@ def least_loaded(loaded: moeviz.LoadedModel, text: str) -> list[int]:
     return [int(e) for e in np.argsort(counts, kind="stable")]
 
 
+def scale_prompts(tmp: str, count: int) -> tuple[Path, moeviz.LoadedModel, list[str], float]:
+    """The DeepSeek-V3-shaped model saved in `tmp` (a 4,096-token context) and loaded, `count` different
+    prompts of TOKENS tokens for it, and the seconds that took."""
+    start = time.perf_counter()
+    folder = save_scale_model("deepseek-v3", Path(tmp) / "deepseek-v3", max_position_embeddings=4096)
+    loaded = moeviz.load_model(str(folder))
+    return folder, loaded, prompts(loaded, TOKENS, count), time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=["raster"])
@@ -416,18 +425,15 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        folder = save_scale_model("deepseek-v3", Path(tmp) / "deepseek-v3", max_position_embeddings=4096)
-        loaded = moeviz.load_model(str(folder))
+        folder, loaded, texts, seconds = scale_prompts(tmp, REPEATS)
         routing = moeviz.capture(loaded, "warm up").layers
         print(
             f"moeviz app benchmark at scale · random DeepSeek-V3 shape: {routing[0].num_experts} experts, "
             f"top-{routing[0].k}, {len(routing)} MoE layers of {loaded.model.config.num_hidden_layers} · "
             f"{TOKENS:,}-token prompts · {os.cpu_count()} CPUs, load average "
-            f"{os.getloadavg()[0]:.1f} (model built in {time.perf_counter() - t0:.0f} s)",
+            f"{os.getloadavg()[0]:.1f} (model built in {seconds:.0f} s)",
             flush=True,
         )
-        texts = prompts(loaded, TOKENS, REPEATS)
         # the experts outside the top-N of the page's layer after the switches (the first), from the last text
         quiet = least_loaded(loaded, texts[0] if args.skip_submit else texts[-1])
         del loaded

@@ -34,20 +34,16 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the launcher and models live with the tests
-import moeviz
 from benchmarks.bench_app import _WAIT_JS as WAIT_JS
-from benchmarks.bench_app import SETTLE_MS, TIMEOUT_MS, caption_says, prompts, submit
-from benchmarks.bench_app_scale import _QUIET_JS, App, app_server, print_profile
+from benchmarks.bench_app import SETTLE_MS, TIMEOUT_MS, caption_says, submit
+from benchmarks.bench_app_scale import _QUIET_JS, TOKENS, App, app_server, print_profile, scale_prompts
 from benchmarks.record import Figure, record
-from tests.support.scale_models import save_scale_model
 
-TOKENS = 1000
 QUIET_MS = 400  # after the last view is drawn: the page must stay unchanged this long before the CPU is read
 GRID_KEYS = tuple(  # the head grid's heatmaps (st.container keys)
     f"heads_mean_{m}" for m in ("entropy", "mean_distance", "sink_mass", "local_mass")
@@ -145,15 +141,12 @@ def main() -> None:
     args = parser.parse_args()
     repo = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        folder = save_scale_model("deepseek-v3", Path(tmp) / "deepseek-v3", max_position_embeddings=4096)
-        loaded = moeviz.load_model(str(folder))
-        texts = prompts(loaded, TOKENS, args.repeats)
+        folder, loaded, texts, seconds = scale_prompts(tmp, args.repeats)
         print(
             "moeviz Attention page at scale · random DeepSeek-V3 shape, "
             f"{loaded.model.config.num_hidden_layers} attention layers · {TOKENS:,}-token prompts · "
             f"{os.cpu_count()} CPUs, load average "
-            f"{os.getloadavg()[0]:.1f} (model built in {time.perf_counter() - t0:.0f} s)",
+            f"{os.getloadavg()[0]:.1f} (model built in {seconds:.0f} s)",
             flush=True,
         )
         del loaded

@@ -33,21 +33,17 @@ import contextlib
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the launcher and models live with the tests
-import moeviz
 from benchmarks.bench_app import _WAIT_JS as WAIT_JS
-from benchmarks.bench_app import SETTLE_MS, TIMEOUT_MS, WATCH_JS, caption_says, prompts, submit
-from benchmarks.bench_app_scale import _QUIET_JS, App, app_server
+from benchmarks.bench_app import SETTLE_MS, TIMEOUT_MS, WATCH_JS, caption_says, submit
+from benchmarks.bench_app_scale import _QUIET_JS, TOKENS, App, app_server, scale_prompts
 from benchmarks.bench_attention_page import stat
 from benchmarks.record import Figure, record
-from tests.support.scale_models import save_scale_model
 
-TOKENS = 1000
 QUIET_MS = 400  # after the last part is drawn: the page must stay unchanged this long before the CPU is read
 _FRESH = "((e) => !!e && !e.closest('[data-stale=\"true\"]'))"
 _MARKS = "document.querySelector('.st-key-' + key + ' canvas, .st-key-' + key + ' svg.marks')"
@@ -160,14 +156,11 @@ def main() -> None:
     args = parser.parse_args()
     repo = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        folder = save_scale_model("deepseek-v3", Path(tmp) / "deepseek-v3", max_position_embeddings=4096)
-        loaded = moeviz.load_model(str(folder))
-        texts = prompts(loaded, TOKENS, args.repeats)
+        folder, loaded, texts, seconds = scale_prompts(tmp, args.repeats)
         print(
             "moeviz Deployment page at scale · random DeepSeek-V3 shape, 256 experts × 58 MoE layers · "
             f"{TOKENS:,}-token prompts · {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} "
-            f"(model built in {time.perf_counter() - t0:.0f} s)",
+            f"(model built in {seconds:.0f} s)",
             flush=True,
         )
         del loaded
